@@ -1,0 +1,626 @@
+"""The checkpoint engine as a Python API: save, list, restore and delete live notebook state.
+
+``Checkpointer`` works on any namespace dict; inside IPython it also follows cell executions
+(``ChangeTracker``) so that incremental checkpoints only re-pickle what cells touched.
+Results are dataclasses; the magics format them, the server reads them as JSON.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from traitlets import Bool, Enum, Float, Int, Unicode, default
+from traitlets.config import Configurable
+
+from . import store as store_mod
+from .arrays import content_hash
+from .capture import rng_states, select_variables, set_rng_states
+from .state import ObjectKeys, RestoreError, Snapshotter, StateLoader, pickle_frame
+from .token import process_token
+
+ProgressCallback = Callable[[str, int, int], None]  # (phase, bytes done, bytes total)
+
+
+@dataclass
+class CheckpointResult:
+    """What one checkpoint saved, skipped, wrote and reused."""
+
+    checkpoint_id: int
+    notebook: str
+    created: float
+    saved: list[str]
+    skipped: dict[str, str]
+    bytes_written: int
+    bytes_reused: int
+    bytes_total: int
+    seconds: float
+    reason: str = "manual"
+    torn: list[int] = field(default_factory=list)
+    retired: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        line = (
+            f"Checkpoint {self.checkpoint_id}: {len(self.saved)} variables saved, "
+            f"{format_bytes(self.bytes_written)} written, {format_bytes(self.bytes_reused)} reused, "
+            f"{self.seconds:.2f} s"
+        )
+        if self.skipped:
+            line += "; skipped: " + "; ".join(f"{n} ({why})" for n, why in self.skipped.items())
+        if self.torn:
+            ids = ", ".join(str(i) for i in self.torn)
+            line += f"; found interrupted checkpoint(s) {ids} (kernel died while writing), removed"
+        return line
+
+
+@dataclass
+class RestoreResult:
+    """What came back from a checkpoint, what did not, and why."""
+
+    checkpoint_id: int
+    notebook: str
+    restored: list[str]
+    failed: dict[str, str]
+    not_saved: dict[str, str]
+    warnings: list[str]
+    rng: list[str]
+    seconds: float
+    bytes_read: int
+    saved_by_token: str
+    same_process: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        line = (
+            f"Restored checkpoint {self.checkpoint_id}: {len(self.restored)} variables "
+            f"({', '.join(self.restored) or 'none'}), {format_bytes(self.bytes_read)}, "
+            f"{self.seconds:.2f} s"
+        )
+        if self.failed:
+            line += "; not restored: " + "; ".join(f"{n} ({why})" for n, why in self.failed.items())
+        if self.not_saved:
+            line += "; not in the checkpoint: " + "; ".join(
+                f"{n} ({why})" for n, why in self.not_saved.items()
+            )
+        for warning in self.warnings:
+            line += f"\nWarning: {warning}"
+        return line
+
+
+@dataclass
+class CheckpointInfo:
+    """One line of ``%checkpoint list``."""
+
+    checkpoint_id: int
+    created: float
+    nbytes: int
+    variables: list[str]
+    skipped: dict[str, str]
+    reason: str
+    process_token: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class CheckpointError(Exception):
+    """A checkpoint or restore that did not happen; the message says why and what is intact."""
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def notebook_key() -> str:
+    """The notebook this kernel serves, as an absolute path; its working directory if none.
+
+    The server names it explicitly (``JUPYTER_PAUSE_NOTEBOOK``); jupyter-server tells every
+    kernel its session path (``JPY_SESSION_NAME``, relative to the server root, while the
+    kernel starts in the notebook's folder); a console or plain jupyter_client kernel has
+    neither, so a kernel started in the same folder finds the same checkpoints.
+    """
+    explicit = os.environ.get("JUPYTER_PAUSE_NOTEBOOK")
+    if explicit:
+        return os.path.abspath(explicit)
+    session = os.environ.get("JPY_SESSION_NAME")
+    if session:
+        if os.path.isabs(session):
+            return session
+        return os.path.join(os.getcwd(), os.path.basename(session))
+    return os.getcwd()
+
+
+class Checkpointer(Configurable):
+    """Kernel-side checkpoint settings (``c.Checkpointer.*`` in ipython_kernel_config.py)."""
+
+    store_root = Unicode(
+        help="Folder that holds the checkpoints, one subfolder per notebook. Default: "
+        "$JUPYTER_PAUSE_STORE, else <jupyter data dir>/jupyter_pause/checkpoints "
+        "(so JUPYTER_DATA_DIR moves it).",
+    ).tag(config=True)
+
+    keep_last = Int(
+        5, help="Checkpoints kept per notebook (older ones are deleted, unused data collected)."
+    ).tag(config=True)
+
+    max_age_hours = Float(
+        0.0,
+        help="Delete checkpoints older than this many hours (0: no age limit). The newest "
+        "checkpoint is always kept.",
+    ).tag(config=True)
+
+    max_bytes = Int(
+        0,
+        help="Keep at most this many bytes of checkpoint data per notebook (0: no limit). "
+        "The newest checkpoint is always kept.",
+    ).tag(config=True)
+
+    save_unmarked = Enum(
+        ["all", "none"],
+        "all",
+        help="What %checkpoint saves when no variable is marked: 'all' savable user variables, "
+        "or 'none'.",
+    ).tag(config=True)
+
+    verify = Bool(
+        True, help="Check every buffer's content hash when restoring (xxh3, tens of GB/s)."
+    ).tag(config=True)
+
+    @default("store_root")
+    def _default_store_root(self) -> str:
+        return str(store_mod.default_store_root())
+
+    def __init__(
+        self,
+        namespace: dict[str, Any] | None = None,
+        *,
+        hidden: dict[str, Any] | None = None,
+        tracker: Any = None,
+        key: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        for trait, env in (("keep_last", "JUPYTER_PAUSE_KEEP_LAST"),):
+            if os.environ.get(env):
+                setattr(self, trait, int(os.environ[env]))
+        self.namespace = namespace if namespace is not None else {}
+        self.hidden = hidden if hidden is not None else {}
+        self.tracker = tracker
+        self.key = key or notebook_key()
+        self.store = store_mod.NotebookStore(Path(self.store_root), self.key)
+        self.keys = ObjectKeys()
+        self._snapshotter = Snapshotter(self.keys)
+        self._marked: list[str] = []
+        self._base_id: int | None = None  # the checkpoint the live namespace was last synced with
+        self._base_ids: dict[str, int] = {}  # id() of each variable at that checkpoint
+        self.on_checkpoint: list[Callable[[CheckpointResult], None]] = []
+
+    # -- marking ---------------------------------------------------------------------------------
+    def keep(self, *names: str) -> list[str]:
+        bad = [n for n in names if not n.isidentifier()]
+        if bad:
+            raise CheckpointError(f"Not a variable name: {', '.join(bad)}")
+        for name in names:
+            if name not in self._marked:
+                self._marked.append(name)
+        return self.marked()
+
+    def drop(self, *names: str) -> list[str]:
+        unknown = [n for n in names if n not in self._marked]
+        if unknown:
+            raise CheckpointError(
+                f"Not marked: {', '.join(unknown)} (marked: {', '.join(self._marked) or 'none'})"
+            )
+        self._marked = [n for n in self._marked if n not in names]
+        return self.marked()
+
+    def marked(self) -> list[str]:
+        return list(self._marked)
+
+    # -- checkpoint ------------------------------------------------------------------------------
+    def checkpoint(
+        self,
+        *,
+        full: bool = False,
+        reason: str = "manual",
+        progress: ProgressCallback | None = None,
+    ) -> CheckpointResult:
+        """Save now. A failure leaves every earlier checkpoint as it was and raises CheckpointError."""
+        started = time.perf_counter()
+        values, skipped = select_variables(
+            self.namespace, self.hidden, self._marked, self.save_unmarked
+        )
+        try:
+            self.store.prepare()
+            with self.store.locked():
+                result = self._checkpoint_locked(values, skipped, full, reason, progress)
+        except OSError as err:
+            raise CheckpointError(self._explain_os_error(err)) from None
+        except store_mod.StoreError as err:
+            raise CheckpointError(str(err)) from None
+        result.seconds = time.perf_counter() - started
+        for callback in self.on_checkpoint:
+            callback(result)
+        return result
+
+    def _checkpoint_locked(
+        self,
+        values: dict[str, Any],
+        skipped: dict[str, str],
+        full: bool,
+        reason: str,
+        progress: ProgressCallback | None,
+    ) -> CheckpointResult:
+        store = self.store
+        torn = store.recover_torn()
+        base = self._read_base()
+        latest_id = store.latest_id()
+        latest = base if latest_id == self._base_id else self._read_quietly(latest_id)
+        known = store_mod.known_buffers(store, latest)
+        known.update(store_mod.known_buffers(store, base))
+        previous = {} if (full or base is None) else self._reusable_frames(base, values, known)
+        capture = self._snapshotter.capture(
+            values,
+            previous,
+            lambda name: name in previous,
+            lambda data: content_hash(memoryview(data)),
+        )
+        skipped.update(capture.skipped)
+        checkpoint_id = store.next_id()
+        intent = store.path / "tmp" / f"{checkpoint_id:06d}-{os.getpid()}.intent"
+        intent.write_text(json.dumps({"started": time.time()}))
+        writer = store.begin(checkpoint_id, known)
+        try:
+            storages = self._write_storages(writer, capture, progress)
+            frames = []
+            for frame in capture.frames:
+                data = memoryview(frame.data) if frame.data is not None else None
+                writer.add(frame.digest, data)
+                frames.append(
+                    {
+                        "names": frame.names,
+                        "frame": frame.digest,
+                        "arrays": frame.arrays,
+                        "depends": frame.depends,
+                        "nbytes": frame.nbytes,
+                    }
+                )
+            rng = self._rng_frame()
+            writer.add(rng[1], memoryview(rng[0]))
+            if progress:
+                progress("syncing", writer.stats.bytes_written, writer.stats.bytes_written)
+            manifest = {
+                "format": store_mod.MANIFEST_FORMAT,
+                "id": checkpoint_id,
+                "created": time.time(),
+                "notebook": self.key,
+                "reason": reason,
+                "process_token": process_token(),
+                "pid": os.getpid(),
+                "environment": _environment(),
+                "marked": self.marked(),
+                "frames": frames,
+                "aliases": capture.aliases,
+                "types": capture.types,
+                "objects": capture.objects,
+                "storages": storages,
+                "rng": rng[1],
+                "skipped": skipped,
+            }
+            writer.commit(manifest)
+        except BaseException:
+            writer.abort()
+            intent.unlink(missing_ok=True)
+            raise
+        intent.unlink(missing_ok=True)
+        retired = store._retention_locked(self.keep_last, self.max_age_hours * 3600, self.max_bytes)
+        store._collect_locked()
+        self._remember_base(checkpoint_id, values)
+        saved = sorted([n for f in capture.frames for n in f.names] + list(capture.aliases))
+        total = sum(loc.nbytes for loc in writer.used.values())
+        return CheckpointResult(
+            checkpoint_id=checkpoint_id,
+            notebook=self.key,
+            created=manifest["created"],
+            saved=saved,
+            skipped=skipped,
+            bytes_written=writer.stats.bytes_written,
+            bytes_reused=writer.stats.bytes_reused,
+            bytes_total=total,
+            seconds=0.0,
+            reason=reason,
+            torn=[t.checkpoint_id for t in torn],
+            retired=retired,
+        )
+
+    def _write_storages(
+        self, writer: store_mod.CheckpointWriter, capture: Any, progress: ProgressCallback | None
+    ) -> dict[str, dict[str, Any]]:
+        storages: dict[str, dict[str, Any]] = {}
+        todo = list(capture.describer.storages.values())
+        total = sum(s.data.nbytes for s in todo)
+        done = 0
+        for storage in todo:
+            digest = content_hash(storage.data)
+            writer.add(digest, storage.data)
+            storages[storage.key] = {
+                "buffer": digest,
+                "nbytes": storage.data.nbytes,
+                "device": storage.device,
+            }
+            done += storage.data.nbytes
+            if progress:
+                progress("writing", done, total)
+        return storages
+
+    def _rng_frame(self) -> tuple[bytes, str]:
+        data, _arrays, _deps = pickle_frame(["__rng__"], [rng_states()], {}, (), self.keys)
+        return data, content_hash(memoryview(data))
+
+    def _reusable_frames(
+        self, base: dict[str, Any], values: dict[str, Any], known: dict[str, Any]
+    ) -> dict[str, dict[str, Any]]:
+        """Frames of the base checkpoint whose variables provably did not change since."""
+        tracker = self.tracker
+        if tracker is None:
+            return {}
+        records = {}
+        for frame in base["frames"]:
+            if len(frame["names"]) == 1 and frame["frame"] in known:
+                records[frame["names"][0]] = frame
+
+        def unchanged(name: str) -> bool:
+            return (
+                name in values
+                and self._base_ids.get(name) == id(values[name])
+                and not tracker.maybe_changed(name)
+            )
+
+        clean = {name for name in records if unchanged(name)}
+        # A changed variable may have changed what it references; a frame referencing a
+        # changed variable must be re-pickled (its reference may now be stale).
+        changed = True
+        while changed:
+            changed = False
+            for name, record in records.items():
+                if name in clean and not all(dep in clean for dep in record["depends"]):
+                    clean.discard(name)
+                    changed = True
+                if name not in clean:
+                    for dep in record["depends"]:
+                        if dep in clean:
+                            clean.discard(dep)
+                            changed = True
+        return {name: records[name] for name in clean}
+
+    def _remember_base(self, checkpoint_id: int, values: dict[str, Any]) -> None:
+        self._base_id = checkpoint_id
+        self._base_ids = {name: id(value) for name, value in values.items()}
+        if self.tracker is not None:
+            self.tracker.reset()
+
+    def _read_base(self) -> dict[str, Any] | None:
+        return self._read_quietly(self._base_id)
+
+    def _read_quietly(self, checkpoint_id: int | None) -> dict[str, Any] | None:
+        if checkpoint_id is None:
+            return None
+        try:
+            return self.store.read_manifest(checkpoint_id)
+        except store_mod.CheckpointNotFound:
+            return None
+
+    def _explain_os_error(self, err: OSError) -> str:
+        latest = self._read_quietly(self.store.latest_id()) if self.store.exists() else None
+        intact = (
+            f" Checkpoint {latest['id']} from {time.strftime('%H:%M', time.localtime(latest['created']))}"
+            " is intact."
+            if latest
+            else ""
+        )
+        where = err.filename or self.store.path
+        if err.errno == errno.ENOSPC:
+            return f"Checkpoint not saved: no space left on the device holding {where}.{intact}"
+        if err.errno == errno.EDQUOT:
+            return f"Checkpoint not saved: disk quota exceeded for {where}.{intact}"
+        if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return f"Checkpoint not saved: no permission to write {where} ({err.strerror}).{intact}"
+        return f"Checkpoint not saved: {err.strerror or err} ({where}).{intact}"
+
+    # -- restore ---------------------------------------------------------------------------------
+    def restore(
+        self, checkpoint_id: int | None = None, names: list[str] | None = None
+    ) -> RestoreResult:
+        """Load a checkpoint (the latest by default) into the namespace, all or some variables."""
+        started = time.perf_counter()
+        try:
+            with self.store.locked():  # no collection may unlink files while we map them
+                return self._restore_locked(checkpoint_id, names, started)
+        except store_mod.StoreError as err:
+            raise CheckpointError(str(err)) from None
+        except OSError as err:
+            raise CheckpointError(
+                f"Restore failed: {err.strerror or err} ({err.filename})."
+            ) from None
+
+    def _restore_locked(
+        self, checkpoint_id: int | None, names: list[str] | None, started: float
+    ) -> RestoreResult:
+        store = self.store
+        if checkpoint_id is None:
+            checkpoint_id = store.latest_id()
+            if checkpoint_id is None:
+                raise CheckpointError(
+                    f"No checkpoint yet for {self.key}: run %checkpoint to save one."
+                )
+        manifest = store.read_manifest(checkpoint_id)
+        verified: set[str] = set()
+        bytes_read = 0
+
+        def read_buffer(digest: str) -> memoryview:
+            nonlocal bytes_read
+            location = manifest["buffers"].get(digest)
+            if location is None:
+                raise store_mod.StoreError(f"checkpoint {checkpoint_id} lacks buffer {digest}")
+            data = store.open_buffer(location)
+            if digest not in verified:
+                if self.verify and content_hash(data) != digest:
+                    raise store_mod.StoreError(
+                        f"data in {location['file']} does not match its hash: the file is damaged"
+                    )
+                verified.add(digest)
+                bytes_read += data.nbytes
+            return data
+
+        loader = StateLoader(manifest, read_buffer, self.keys)
+        available = loader.names()
+        wanted = names or available
+        restored: list[str] = []
+        failed: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        for name in wanted:
+            if name not in available:
+                why = manifest["skipped"].get(name)
+                failed[name] = (
+                    f"was not saved in checkpoint {checkpoint_id}: {why}"
+                    if why
+                    else f"not in checkpoint {checkpoint_id} (it has: {', '.join(available)})"
+                )
+                continue
+            try:
+                values[name] = loader.variable(name)
+            except RestoreError as err:
+                failed[name] = str(err)
+            except store_mod.StoreError as err:
+                failed[name] = str(err)
+        self.namespace.update(values)
+        restored = sorted(values)
+        rng: list[str] = []
+        if names is None:
+            self._marked = list(manifest.get("marked", []))
+            try:
+                rng = set_rng_states(_unpickle_plain(read_buffer(manifest["rng"])))
+            except Exception as err:  # an RNG state is never worth failing a restore for
+                loader.rebuilder.warnings.append(f"random generator states not restored: {err}")
+        store.release_maps()
+        if names is None and not failed:
+            self._remember_base(checkpoint_id, values)
+        not_saved = {} if names else dict(manifest["skipped"])
+        return RestoreResult(
+            checkpoint_id=checkpoint_id,
+            notebook=self.key,
+            restored=restored,
+            failed=failed,
+            not_saved=not_saved,
+            warnings=loader.rebuilder.warnings,
+            rng=rng,
+            seconds=time.perf_counter() - started,
+            bytes_read=bytes_read,
+            saved_by_token=manifest["process_token"],
+            same_process=manifest["process_token"] == process_token(),
+        )
+
+    # -- listing and deleting --------------------------------------------------------------------
+    def list_checkpoints(self) -> list[CheckpointInfo]:
+        infos = []
+        for checkpoint_id in self.store.checkpoint_ids():
+            try:
+                manifest = self.store.read_manifest(checkpoint_id)
+            except store_mod.StoreError:
+                continue
+            infos.append(
+                CheckpointInfo(
+                    checkpoint_id=checkpoint_id,
+                    created=manifest["created"],
+                    nbytes=sum(b["nbytes"] for b in manifest["buffers"].values()),
+                    variables=sorted(
+                        [n for f in manifest["frames"] for n in f["names"]]
+                        + list(manifest.get("aliases", {}))
+                    ),
+                    skipped=manifest["skipped"],
+                    reason=manifest.get("reason", "manual"),
+                    process_token=manifest["process_token"],
+                )
+            )
+        return infos
+
+    def torn_checkpoints(self) -> list[store_mod.TornCheckpoint]:
+        if not self.store.exists():
+            return []
+        with self.store.locked():
+            self.store.recover_torn()
+        return self.store.torn_history()
+
+    def delete(self, checkpoint_id: int) -> None:
+        try:
+            self.store.delete(checkpoint_id)
+        except store_mod.StoreError as err:
+            raise CheckpointError(str(err)) from None
+        if checkpoint_id == self._base_id:
+            self._base_id = None
+
+    # -- schedule (implemented by the kernel extension, which knows about cells) ----------------
+    scheduler: Any = None
+
+    def every(self, interval: str | float | None) -> Any:
+        if self.scheduler is None:
+            raise CheckpointError(
+                "Scheduled checkpoints need the IPython extension: %load_ext jupyter_pause"
+            )
+        return self.scheduler.set_interval(interval)
+
+
+def _unpickle_plain(data: memoryview) -> Any:
+    import pickle
+
+    return pickle.loads(bytes(data))
+
+
+def _environment() -> dict[str, Any]:
+    env = {"python": platform.python_version(), "host": platform.node()}
+    for module in ("torch", "numpy", "pandas"):
+        if module in sys.modules:
+            env[module] = getattr(sys.modules[module], "__version__", "?")
+    return env
+
+
+_current: Checkpointer | None = None
+
+
+def current() -> Checkpointer:
+    """The checkpointer of this kernel (created by ``%load_ext jupyter_pause``)."""
+    global _current
+    if _current is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None:
+            from .extension import load
+
+            load(shell)
+        else:
+            _current = Checkpointer(sys.modules["__main__"].__dict__)
+    assert _current is not None
+    return _current
+
+
+def set_current(checkpointer: Checkpointer | None) -> None:
+    global _current
+    _current = checkpointer

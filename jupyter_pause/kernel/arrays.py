@@ -1,0 +1,233 @@
+"""Tensors and arrays kept out of the pickle stream: raw buffers plus dtype/shape/stride/device.
+
+A torch storage or a numpy base buffer is written once, however many tensors view it (tied
+weights, ``model`` and ``optimizer`` holding the same parameters, array slices), and is
+rebuilt once, so those tensors share memory again after a restore. numpy and torch are only
+touched when the notebook already imported them: this module imports neither eagerly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+
+def content_hash(data: memoryview) -> str:
+    """xxh3-128: tens of GB/s, so hashing every buffer at each checkpoint costs little."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def _host_view(ptr: int, nbytes: int) -> memoryview:
+    """A zero-copy byte view of host memory we keep alive through the owning object."""
+    if nbytes == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
+
+
+def external_types() -> tuple[type, ...]:
+    """The exact types written as raw buffers (subclasses are pickled normally)."""
+    types: list[type] = []
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "Tensor"):
+        types += [torch.Tensor, torch.nn.Parameter]
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and hasattr(numpy, "ndarray"):
+        types.append(numpy.ndarray)
+    return tuple(types)
+
+
+@dataclass
+class Storage:
+    """One buffer to write: a torch storage or the base memory of numpy arrays."""
+
+    key: str
+    data: memoryview
+    owner: Any  # keeps the memory alive while we write it
+    device: str
+
+
+class Describer:
+    """Turns live tensors/arrays into manifest records, collecting the storages they view."""
+
+    def __init__(self) -> None:
+        self.storages: dict[tuple[str, int], Storage] = {}
+        self._keepalive: list[Any] = []  # host copies of device storages, until written
+
+    def _storage(self, device: str, ptr: int, nbytes: int, owner: Any, data_fn: Any) -> str:
+        ident = (device, ptr)
+        found = self.storages.get(ident)
+        if found is None or found.data.nbytes < nbytes:
+            key = found.key if found else f"s{len(self.storages)}"
+            found = Storage(key, data_fn(), owner, device)
+            self.storages[ident] = found
+        return found.key
+
+    def describe(self, obj: Any) -> dict[str, Any] | None:
+        """A record for a tensor/array, or None if it must be pickled normally."""
+        module = type(obj).__module__
+        if module.startswith("torch"):
+            return self._describe_tensor(obj)
+        return self._describe_array(obj)
+
+    def _describe_tensor(self, tensor: Any) -> dict[str, Any] | None:
+        import torch
+
+        if (
+            tensor.layout != torch.strided
+            or tensor.is_quantized
+            or tensor.device.type == "meta"
+            or tensor.is_conj()
+            or tensor.is_neg()
+        ):
+            return None
+        storage = tensor.untyped_storage()
+        nbytes = storage.nbytes()
+        device = str(tensor.device)
+        if tensor.device.type == "cpu":
+
+            def data_fn() -> memoryview:
+                return _host_view(storage.data_ptr(), nbytes)
+
+            owner: Any = storage
+        else:
+            # Copy device memory to the host once per storage; done lazily in the writer.
+            def data_fn() -> memoryview:
+                host = torch.empty(nbytes, dtype=torch.uint8)
+                host.untyped_storage().copy_(storage)
+                self._keepalive.append(host)
+                return _host_view(host.data_ptr(), nbytes)
+
+            owner = storage
+        key = self._storage(device, storage.data_ptr(), nbytes, owner, data_fn)
+        return {
+            "kind": "torch",
+            "storage": key,
+            "offset": tensor.storage_offset(),
+            "shape": list(tensor.shape),
+            "stride": list(tensor.stride()),
+            "dtype": str(tensor.dtype).removeprefix("torch."),
+            "device": device,
+            "requires_grad": bool(tensor.requires_grad),
+            "parameter": isinstance(tensor, torch.nn.Parameter),
+        }
+
+    def _describe_array(self, array: Any) -> dict[str, Any] | None:
+        import numpy as np
+
+        if array.dtype.hasobject:
+            return None
+        root = array
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        if not (root.flags.c_contiguous or root.flags.f_contiguous):
+            root = array = np.ascontiguousarray(array)
+        root_ptr = root.__array_interface__["data"][0]
+        ptr = array.__array_interface__["data"][0]
+        key = self._storage(
+            "cpu", root_ptr, root.nbytes, root, lambda: _host_view(root_ptr, root.nbytes)
+        )
+        return {
+            "kind": "numpy",
+            "storage": key,
+            "offset": ptr - root_ptr,
+            "shape": list(array.shape),
+            "stride": list(array.strides),
+            "dtype": np.lib.format.dtype_to_descr(array.dtype),
+            "writeable": bool(array.flags.writeable),
+        }
+
+
+class Rebuilder:
+    """Rebuilds tensors/arrays from records, one storage per buffer, on the recorded device."""
+
+    def __init__(self, open_storage: Any) -> None:
+        self._open_storage = open_storage  # key -> memoryview of the bytes (memory-mapped)
+        self._torch_storages: dict[tuple[str, str], Any] = {}
+        self.warnings: list[str] = []
+        self._missing_devices: set[str] = set()
+
+    def rebuild(self, record: dict[str, Any]) -> Any:
+        if record["kind"] == "torch":
+            return self._rebuild_tensor(record)
+        return self._rebuild_array(record)
+
+    def _target_device(self, device: str) -> str:
+        import torch
+
+        if device == "cpu":
+            return device
+        kind, _, index = device.partition(":")
+        available = False
+        if kind == "cuda":
+            available = torch.cuda.is_available() and int(index or 0) < torch.cuda.device_count()
+        elif kind == "mps":
+            available = (
+                bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+            )
+        else:
+            available = hasattr(torch, kind) and getattr(torch, kind).is_available()
+        if available:
+            return device
+        if device not in self._missing_devices:
+            self._missing_devices.add(device)
+            self.warnings.append(
+                f"Tensors saved on {device} were restored on the CPU: this machine has no "
+                f"{device}. Move them with .to('{device}') once one is available."
+            )
+        return "cpu"
+
+    def _rebuild_tensor(self, record: dict[str, Any]) -> Any:
+        import torch
+
+        device = self._target_device(record["device"])
+        cache_key = (record["storage"], device)
+        storage = self._torch_storages.get(cache_key)
+        if storage is None:
+            raw = self._open_storage(record["storage"])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "buffer is not writable" cannot apply to COW maps
+                base = (
+                    torch.frombuffer(raw, dtype=torch.uint8)
+                    if raw.nbytes
+                    else torch.empty(0, dtype=torch.uint8)
+                )
+            if device != "cpu":
+                base = base.to(device)
+            storage = base.untyped_storage()
+            self._torch_storages[cache_key] = storage
+        dtype = getattr(torch, record["dtype"])
+        tensor = torch.empty(0, dtype=dtype, device=device)
+        tensor.set_(storage, record["offset"], record["shape"], record["stride"])
+        if record["parameter"]:
+            return torch.nn.Parameter(tensor, requires_grad=record["requires_grad"])
+        if record["requires_grad"]:
+            tensor.requires_grad_(True)
+        return tensor
+
+    def _rebuild_array(self, record: dict[str, Any]) -> Any:
+        import numpy as np
+
+        raw = self._open_storage(record["storage"])
+        dtype = np.lib.format.descr_to_dtype(_as_descr(record["dtype"]))
+        array = np.ndarray(
+            tuple(record["shape"]),
+            dtype=dtype,
+            buffer=raw if raw.nbytes else np.empty(0, dtype=np.uint8),
+            offset=record["offset"],
+            strides=tuple(record["stride"]),
+        )
+        if not record.get("writeable", True):
+            array.flags.writeable = False
+        return array
+
+
+def _as_descr(descr: Any) -> Any:
+    """JSON turns numpy's structured descr tuples into lists; numpy wants tuples back."""
+    if isinstance(descr, list):
+        return [tuple(_as_descr(part) for part in field) for field in descr]
+    return descr

@@ -1,0 +1,56 @@
+"""``%load_ext jupyter_pause``: wire the checkpoint engine into an IPython shell, and undo it."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from . import api
+from .magics import CheckpointMagics
+from .schedule import Scheduler
+from .tracking import ChangeTracker
+
+_ATTR = "_jupyter_pause"
+
+
+def load(shell: Any) -> api.Checkpointer:
+    existing = getattr(shell, _ATTR, None)
+    if existing is not None:
+        return existing
+    tracker = ChangeTracker(shell)
+    checkpointer = api.Checkpointer(
+        shell.user_ns, hidden=shell.user_ns_hidden, tracker=tracker, parent=shell
+    )
+    scheduler = Scheduler(checkpointer, shell, announce=print)
+    checkpointer.scheduler = scheduler
+    # The tracker must see a cell before the scheduler may checkpoint after it.
+    for event, callback in _cell_hooks(checkpointer):
+        shell.events.register(event, callback)
+    shell.register_magics(CheckpointMagics(shell, checkpointer))
+    setattr(shell, _ATTR, checkpointer)
+    api.set_current(checkpointer)
+    return checkpointer
+
+
+def unload(shell: Any) -> None:
+    checkpointer = getattr(shell, _ATTR, None)
+    if checkpointer is None:
+        return
+    checkpointer.scheduler.set_interval(None)  # removes the optimizer step hook too
+    for event, callback in _cell_hooks(checkpointer):
+        with contextlib.suppress(ValueError):
+            shell.events.unregister(event, callback)
+    shell.magics_manager.magics["line"].pop("checkpoint", None)
+    shell.magics_manager.registry.pop("CheckpointMagics", None)
+    delattr(shell, _ATTR)
+    api.set_current(None)
+
+
+def _cell_hooks(checkpointer: api.Checkpointer) -> list[tuple[str, Any]]:
+    tracker, scheduler = checkpointer.tracker, checkpointer.scheduler
+    return [
+        ("pre_run_cell", tracker.pre_run_cell),
+        ("pre_run_cell", scheduler.pre_run_cell),
+        ("post_run_cell", tracker.post_run_cell),
+        ("post_run_cell", scheduler.post_run_cell),
+    ]

@@ -1,0 +1,433 @@
+"""Serialising a namespace: one small pickle "frame" per variable, tensors and arrays out of band.
+
+Why frames per variable, linked by references, rather than one pickle of the namespace:
+- one unpicklable variable is skipped with its reason instead of failing the checkpoint;
+- an unchanged variable's frame is reused byte for byte (content hash), so it is not rewritten;
+- a single variable can be restored on its own.
+
+What keeps shared objects shared, which naive per-variable pickling breaks:
+- every tensor/array is a persistent reference ``("a", key)`` to one record per object, keyed
+  stably for the life of the process; ``model`` and ``optimizer`` get the same Parameter objects;
+- an object that is itself the value of another saved variable becomes ``("v", name)``, so
+  ``trainer.cfg is cfg`` still holds; variables that reference each other in a cycle share one
+  frame (a "group") so the cycle is pickled once.
+Frames use cloudpickle, so functions, lambdas and classes defined in the notebook travel by value.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import types
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from .arrays import Describer, Rebuilder, external_types
+
+PROTOCOL = 5
+
+# Values whose identity carries no meaning: never worth a cross-variable reference.
+_VALUE_TYPES = frozenset(
+    {int, float, complex, bool, str, bytes, type(None), range, slice, type(Ellipsis), frozenset}
+)
+_BY_REFERENCE_TYPES = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+
+
+class ObjectKeys:
+    """Stable keys for tensors/arrays in this process: a reused frame's references stay valid."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[weakref.ref[Any], str]] = {}
+        self._by_key: dict[str, weakref.ref[Any]] = {}
+        self._counter = 0
+
+    def key_for(self, obj: Any) -> str:
+        entry = self._by_id.get(id(obj))
+        if entry is not None and entry[0]() is obj:
+            return entry[1]
+        self._counter += 1
+        key = f"o{self._counter}"
+        self.adopt(obj, key)
+        return key
+
+    def adopt(self, obj: Any, key: str) -> None:
+        """Give ``obj`` a known key (restored objects keep the key they were saved under)."""
+        ref = weakref.ref(obj)
+        self._by_id[id(obj)] = (ref, key)
+        self._by_key[key] = ref
+        if key.startswith("o") and key[1:].isdigit():
+            self._counter = max(self._counter, int(key[1:]))
+
+    def lookup(self, key: str) -> Any | None:
+        ref = self._by_key.get(key)
+        return ref() if ref is not None else None
+
+
+@dataclass
+class Frame:
+    """The pickled form of one variable, or of a group of variables that reference each other."""
+
+    names: list[str]
+    data: bytes | None  # None when reused from the previous checkpoint unchanged
+    digest: str
+    arrays: list[str]  # keys of tensors/arrays this frame references
+    depends: list[str]  # other variables this frame references
+    nbytes: int
+
+
+@dataclass
+class Capture:
+    """Everything a checkpoint will hold, ready to be written."""
+
+    frames: list[Frame] = field(default_factory=list)
+    aliases: dict[str, str] = field(default_factory=dict)  # name -> name of the same object
+    objects: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> tensor/array record
+    describer: Describer = field(default_factory=Describer)
+    skipped: dict[str, str] = field(default_factory=dict)
+    types: dict[str, str] = field(default_factory=dict)
+
+
+class _FramePickler(cloudpickle.Pickler):
+    def __init__(
+        self,
+        file: io.BytesIO,
+        own: set[int],
+        others: dict[int, str],
+        externals: tuple[type, ...],
+        keys: ObjectKeys,
+    ):
+        super().__init__(file, protocol=PROTOCOL)
+        self._own = own
+        self._others = others
+        self._externals = externals
+        self._keys = keys
+        self.arrays: dict[str, Any] = {}
+        self.depends: set[str] = set()
+
+    def persistent_id(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind in _VALUE_TYPES:
+            return None
+        if kind in self._externals and _worth_external(obj):
+            key = self._keys.key_for(obj)
+            self.arrays[key] = obj
+            return ("a", key)
+        ident = id(obj)
+        if ident in self._others and ident not in self._own:
+            name = self._others[ident]
+            self.depends.add(name)
+            return ("v", name)
+        return None
+
+
+def _worth_external(obj: Any) -> bool:
+    dtype = getattr(obj, "dtype", None)
+    return not getattr(dtype, "hasobject", False)
+
+
+def _identity_matters(value: Any) -> bool:
+    if type(value) in _VALUE_TYPES:
+        return False
+    # Importable functions and classes pickle by reference: a second copy is the same object.
+    return not (
+        isinstance(value, _BY_REFERENCE_TYPES)
+        and getattr(value, "__module__", "__main__") != "__main__"
+    )
+
+
+def pickle_frame(
+    names: list[str],
+    values: list[Any],
+    others: dict[int, str],
+    externals: tuple[type, ...],
+    keys: ObjectKeys,
+) -> tuple[bytes, dict[str, Any], set[str]]:
+    """Pickle one variable (or a group); returns the bytes, the arrays and variables it references."""
+    buffer = io.BytesIO()
+    root: Any = values[0] if len(values) == 1 else tuple(values)
+    own = {id(v) for v in values}
+    pickler = _FramePickler(buffer, own, others, externals, keys)
+    pickler.dump(root)
+    return buffer.getvalue(), pickler.arrays, pickler.depends - set(names)
+
+
+def describe_error(err: BaseException) -> str:
+    """A short, specific reason a value could not be pickled."""
+    text = str(err) or type(err).__name__
+    if isinstance(err, RecursionError):
+        return "nesting too deep to save (maximum recursion depth exceeded)"
+    return f"cannot be saved: {text}"
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm; groups of variables that reference each other in a cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+    counter = 0
+
+    def visit(node: str) -> None:
+        nonlocal counter
+        index[node] = low[node] = counter
+        counter += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.append(top)
+                if top == node:
+                    break
+            groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def type_name(value: Any) -> str:
+    kind = type(value)
+    module = kind.__module__
+    return (
+        kind.__qualname__ if module in ("builtins", "__main__") else f"{module}.{kind.__qualname__}"
+    )
+
+
+class Snapshotter:
+    """Builds a ``Capture`` of chosen variables, reusing unchanged frames of the last checkpoint."""
+
+    def __init__(self, keys: ObjectKeys) -> None:
+        self.keys = keys
+
+    def capture(
+        self,
+        values: dict[str, Any],
+        previous: dict[str, dict[str, Any]],
+        clean: Callable[[str], bool],
+        hash_frame: Callable[[bytes], str],
+    ) -> Capture:
+        """``previous``: the last manifest's frame records by name; ``clean(name)``: unchanged since."""
+        result = Capture()
+        externals = external_types()
+        first_name: dict[int, str] = {}
+        for name, value in values.items():
+            if _identity_matters(value):
+                owner = first_name.setdefault(id(value), name)
+                if owner != name:
+                    result.aliases[name] = owner
+        others = {ident: name for ident, name in first_name.items()}
+        pickled: dict[str, tuple[bytes, dict[str, Any], set[str]]] = {}
+        reused: dict[str, dict[str, Any]] = {}
+        for name, value in values.items():
+            if name in result.aliases:
+                continue
+            result.types[name] = type_name(value)
+            record = previous.get(name)
+            if record is not None and clean(name) and self._still_valid(record, values):
+                reused[name] = record
+                continue
+            try:
+                pickled[name] = pickle_frame([name], [value], others, externals, self.keys)
+            except Exception as err:  # any pickling failure skips this variable, with why
+                result.skipped[name] = describe_error(err)
+        # Variables that depend on a skipped one cannot be rebuilt faithfully: skip them too.
+        self._drop_dependents(pickled, reused, result.skipped)
+        graph = {name: set(p[2]) for name, p in pickled.items()}
+        graph.update({name: set(r["depends"]) for name, r in reused.items()})
+        for group in strongly_connected(graph):
+            if len(group) == 1:
+                name = group[0]
+                if name in reused:
+                    result.frames.append(self._reuse(name, reused[name]))
+                else:
+                    data, arrays, depends = pickled[name]
+                    result.frames.append(self._new_frame([name], data, arrays, depends, hash_frame))
+                continue
+            try:
+                data, arrays, depends = pickle_frame(
+                    group, [values[n] for n in group], others, externals, self.keys
+                )
+            except Exception as err:
+                for name in group:
+                    result.skipped[name] = describe_error(err)
+                continue
+            result.frames.append(self._new_frame(group, data, arrays, depends, hash_frame))
+        for frame in result.frames:
+            for key in frame.arrays:
+                if key not in result.objects:
+                    self._describe(key, result)
+        for alias, owner in list(result.aliases.items()):
+            if owner in result.skipped:
+                result.skipped[alias] = f"same object as {owner}, which " + result.skipped[owner]
+                del result.aliases[alias]
+        return result
+
+    def _still_valid(self, record: dict[str, Any], values: dict[str, Any]) -> bool:
+        if len(record["names"]) != 1:  # a cycle group is re-pickled whole, never in parts
+            return False
+        if any(self.keys.lookup(key) is None for key in record["arrays"]):
+            return False
+        return all(dep in values for dep in record["depends"])
+
+    def _reuse(self, name: str, record: dict[str, Any]) -> Frame:
+        return Frame(
+            [name],
+            None,
+            record["frame"],
+            list(record["arrays"]),
+            list(record["depends"]),
+            record["nbytes"],
+        )
+
+    def _new_frame(
+        self,
+        names: list[str],
+        data: bytes,
+        arrays: dict[str, Any],
+        depends: Iterable[str],
+        hash_frame: Callable[[bytes], str],
+    ) -> Frame:
+        return Frame(names, data, hash_frame(data), sorted(arrays), sorted(depends), len(data))
+
+    def _describe(self, key: str, result: Capture) -> None:
+        obj = self.keys.lookup(key)
+        record = result.describer.describe(obj)
+        if record is None:  # cannot happen for keys handed out by the pickler; guard anyway
+            raise RuntimeError(f"object {key} changed type during the checkpoint")
+        result.objects[key] = record
+
+    @staticmethod
+    def _drop_dependents(
+        pickled: dict[str, tuple[bytes, dict[str, Any], set[str]]],
+        reused: dict[str, dict[str, Any]],
+        skipped: dict[str, str],
+    ) -> None:
+        changed = True
+        while changed:
+            changed = False
+            for table, deps_of in ((pickled, lambda p: p[2]), (reused, lambda r: r["depends"])):
+                for name in list(table):
+                    bad = [d for d in deps_of(table[name]) if d in skipped]
+                    if bad:
+                        skipped[name] = f"refers to {bad[0]}, which could not be saved"
+                        del table[name]
+                        changed = True
+
+
+class _FrameUnpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, loader: StateLoader):
+        super().__init__(file)
+        self._loader = loader
+
+    def persistent_load(self, pid: Any) -> Any:
+        kind, key = pid
+        if kind == "a":
+            return self._loader.array(key)
+        if kind == "v":
+            return self._loader.variable(key)
+        raise pickle.UnpicklingError(f"unknown reference {pid!r}")
+
+
+class RestoreError(Exception):
+    """One variable could not be restored; the message says why and what to do."""
+
+
+class StateLoader:
+    """Loads variables from a manifest on demand, each shared object exactly once."""
+
+    def __init__(
+        self,
+        manifest: dict[str, Any],
+        read_buffer: Callable[[str], memoryview],
+        keys: ObjectKeys,
+    ) -> None:
+        self.manifest = manifest
+        self._read_buffer = read_buffer  # digest -> bytes
+        self._keys = keys
+        self._objects: dict[str, Any] = {}
+        self._values: dict[str, Any] = {}
+        self._failed: dict[str, str] = {}
+        self._group_of: dict[str, dict[str, Any]] = {}
+        for frame in manifest["frames"]:
+            for name in frame["names"]:
+                self._group_of[name] = frame
+        self._storage_owner: dict[str, str] = {}  # buffer digest -> storage key mapped on it
+        self.rebuilder = Rebuilder(self._storage_bytes)
+
+    def _storage_bytes(self, key: str) -> memoryview:
+        """The bytes of one storage. Two storages with equal content share one buffer on disk
+        (content addressing) but must not share memory once restored: the second gets a copy."""
+        digest = self.manifest["storages"][key]["buffer"]
+        data = self._read_buffer(digest)
+        owner = self._storage_owner.setdefault(digest, key)
+        return data if owner == key else memoryview(bytearray(data))
+
+    def names(self) -> list[str]:
+        return sorted([*self._group_of, *self.manifest.get("aliases", {})])
+
+    def array(self, key: str) -> Any:
+        obj = self._objects.get(key)
+        if obj is None:
+            obj = self.rebuilder.rebuild(self.manifest["objects"][key])
+            self._objects[key] = obj
+            self._keys.adopt(obj, key)
+        return obj
+
+    def variable(self, name: str) -> Any:
+        if name in self._values:
+            return self._values[name]
+        if name in self._failed:
+            raise RestoreError(self._failed[name])
+        alias = self.manifest.get("aliases", {}).get(name)
+        if alias is not None:
+            value = self.variable(alias)
+            self._values[name] = value
+            return value
+        frame = self._group_of.get(name)
+        if frame is None:
+            raise RestoreError("not in this checkpoint")
+        try:
+            data = bytes(self._read_buffer(frame["frame"]))
+            loaded = _FrameUnpickler(io.BytesIO(data), self).load()
+        except RestoreError as err:
+            message = f"needs a variable that could not be restored ({err})"
+            self._fail(frame, message)
+            raise RestoreError(message) from None
+        except Exception as err:
+            message = _explain_load_error(err)
+            self._fail(frame, message)
+            raise RestoreError(message) from None
+        values = [loaded] if len(frame["names"]) == 1 else list(loaded)
+        for member, value in zip(frame["names"], values, strict=True):
+            self._values[member] = value
+        return self._values[name]
+
+    def _fail(self, frame: dict[str, Any], message: str) -> None:
+        for member in frame["names"]:
+            self._failed[member] = message
+
+
+def _explain_load_error(err: BaseException) -> str:
+    if isinstance(err, ModuleNotFoundError):
+        return (
+            f"needs the module {err.name!r}, which this environment lacks: install it, "
+            "then restore this variable again"
+        )
+    if isinstance(err, AttributeError) and "on <module" in str(err):
+        return f"its class or function no longer exists where it was defined ({err})"
+    return f"{type(err).__name__}: {err}"

@@ -1,0 +1,545 @@
+"""The checkpoint store on disk: one folder per notebook, immutable data files, atomic manifests.
+
+Layout of ``<root>/<notebook-slug>-<hash>/``::
+
+    notebook.json          which notebook (or working directory) this folder belongs to
+    lock                   flock()ed while a checkpoint is written or collected
+    manifests/000007.json  one per checkpoint; written last, so a manifest that exists is complete
+    blobs/ab/<hash>        large buffers (tensor storages, array data), one immutable file each
+    packs/000007-<r>.pack  small buffers of one checkpoint (pickled frames, small arrays), 64-byte aligned
+    tmp/                   files being written; leftovers there are checkpoints that were torn
+
+Every data file is named by (or indexed by) the xxh3-128 hash of its content and never
+rewritten: a kernel may still have it memory-mapped, so new data always goes to a new file
+that is renamed into place after fsync. Unreferenced files are unlinked, which is safe for a
+process that still maps them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import mmap
+import os
+import re
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MANIFEST_FORMAT = 1
+LARGE_BUFFER_BYTES = 1 << 20  # buffers this large get a file of their own (exact collection)
+_ALIGN = 64  # numpy and torch views need aligned data; 64 suits every dtype and SIMD loads
+_MANIFEST_RE = re.compile(r"^(\d{6,})\.json$")
+_TMP_RE = re.compile(r"^(\d{6,})-(\d+)\.")
+
+
+class StoreError(Exception):
+    """A problem with the checkpoint store that the user can act on; the message says how."""
+
+
+class StoreOwnershipError(StoreError):
+    """The store (or a file in it) belongs to someone else or is writable by others."""
+
+
+class CheckpointNotFound(StoreError):
+    """No checkpoint with that id exists for this notebook."""
+
+
+@dataclass
+class BufferLocation:
+    """Where one buffer lives: a file and a byte range in it."""
+
+    file: str
+    offset: int
+    nbytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "offset": self.offset, "nbytes": self.nbytes}
+
+
+@dataclass
+class TornCheckpoint:
+    """A checkpoint whose writer died before its manifest was in place."""
+
+    checkpoint_id: int
+    pid: int
+    started: float
+    bytes_left: int
+
+
+@dataclass
+class WriteStats:
+    bytes_written: int = 0
+    bytes_reused: int = 0
+    files: list[str] = field(default_factory=list)
+
+
+def default_store_root() -> Path:
+    """``$JUPYTER_PAUSE_STORE``, else ``<jupyter data dir>/jupyter_pause/checkpoints``."""
+    env = os.environ.get("JUPYTER_PAUSE_STORE")
+    if env:
+        return Path(env).expanduser()
+    from jupyter_core.paths import jupyter_data_dir
+
+    return Path(jupyter_data_dir()) / "jupyter_pause" / "checkpoints"
+
+
+def notebook_folder_name(key: str) -> str:
+    """A readable, collision-free folder name for a notebook key (an absolute path)."""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    stem = Path(key).name or "root"
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", stem)[:48].strip("._") or "notebook"
+    return f"{slug}-{digest}"
+
+
+def _ensure_private_dir(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid != os.geteuid():
+        raise StoreOwnershipError(
+            f"The checkpoint folder {path} belongs to user id {st.st_uid}, not to you "
+            f"(user id {os.geteuid()}); refusing to use it. Point JUPYTER_PAUSE_STORE at a "
+            "folder of your own."
+        )
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+
+
+def _check_owned(fd: int, path: Path) -> None:
+    """Refuse a file we are about to trust (unpickle) unless it is ours and not writable by others."""
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid():
+        raise StoreOwnershipError(
+            f"{path} belongs to user id {st.st_uid}, not to you; refusing to load it "
+            "(loading a checkpoint runs code from it)."
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise StoreOwnershipError(
+            f"{path} is writable by other users; refusing to load it. Run `chmod 600 {path}` "
+            "if you trust its content."
+        )
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    view = data
+    while view.nbytes:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _open_new_private(path: Path) -> int:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)  # the umask must not widen (or narrow) what we promise
+    return fd
+
+
+def write_file_atomically(path: Path, data: bytes) -> None:
+    """temp file + fsync + rename + fsync of the folder: readers see the old or the new file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = _open_new_private(tmp)
+    try:
+        _write_all(fd, memoryview(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class NotebookStore:
+    """The checkpoints of one notebook."""
+
+    def __init__(self, root: Path, key: str):
+        self.root = Path(root)
+        self.key = key
+        self.path = self.root / notebook_folder_name(key)
+        self._maps: dict[str, mmap.mmap] = {}
+
+    # -- layout -------------------------------------------------------------------------------
+    @property
+    def manifests_dir(self) -> Path:
+        return self.path / "manifests"
+
+    def prepare(self) -> None:
+        """Create the folders (0700) and record which notebook this folder is for."""
+        _ensure_private_dir(self.root)
+        _ensure_private_dir(self.path)
+        for sub in ("manifests", "blobs", "packs", "tmp"):
+            _ensure_private_dir(self.path / sub)
+        info = self.path / "notebook.json"
+        if not info.exists():
+            write_file_atomically(info, json.dumps({"key": self.key}).encode())
+
+    def exists(self) -> bool:
+        return self.manifests_dir.is_dir()
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Serialise writers and collectors (two kernels of one notebook, a kernel and the server)."""
+        self.prepare()
+        fd = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    # -- manifests ----------------------------------------------------------------------------
+    def checkpoint_ids(self) -> list[int]:
+        if not self.manifests_dir.is_dir():
+            return []
+        ids = []
+        for entry in os.listdir(self.manifests_dir):
+            match = _MANIFEST_RE.match(entry)
+            if match:
+                ids.append(int(match.group(1)))
+        return sorted(ids)
+
+    def manifest_path(self, checkpoint_id: int) -> Path:
+        return self.manifests_dir / f"{checkpoint_id:06d}.json"
+
+    def read_manifest(self, checkpoint_id: int) -> dict[str, Any]:
+        path = self.manifest_path(checkpoint_id)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            known = ", ".join(str(i) for i in self.checkpoint_ids()) or "none"
+            raise CheckpointNotFound(
+                f"No checkpoint {checkpoint_id} for {self.key} (checkpoints: {known})."
+            ) from None
+        try:
+            _check_owned(fd, path)
+            with os.fdopen(os.dup(fd), "rb") as handle:
+                raw = handle.read()
+        finally:
+            os.close(fd)
+        try:
+            manifest = json.loads(raw)
+        except ValueError as err:
+            raise StoreError(f"Checkpoint {checkpoint_id} is damaged ({path}: {err}).") from None
+        if manifest.get("format") != MANIFEST_FORMAT:
+            raise StoreError(
+                f"Checkpoint {checkpoint_id} was written in format {manifest.get('format')}, "
+                f"this jupyter_pause reads format {MANIFEST_FORMAT}."
+            )
+        return manifest
+
+    def latest_id(self) -> int | None:
+        ids = self.checkpoint_ids()
+        return ids[-1] if ids else None
+
+    def next_id(self) -> int:
+        """One past every id in use, torn ones included, so an id is never reused."""
+        used = self.checkpoint_ids()
+        tmp = self.path / "tmp"
+        if tmp.is_dir():
+            for entry in os.listdir(tmp):
+                match = _TMP_RE.match(entry)
+                if match:
+                    used.append(int(match.group(1)))
+        torn_log = self.path / "torn.json"
+        if torn_log.exists():
+            used.extend(int(entry["checkpoint_id"]) for entry in json.loads(torn_log.read_text()))
+        return max(used, default=0) + 1
+
+    # -- torn checkpoints -----------------------------------------------------------------------
+    def recover_torn(self) -> list[TornCheckpoint]:
+        """Find checkpoints whose writer died mid-way, log them, and remove their partial files.
+
+        Must be called with the lock held. Returns the ones found now; ``torn_history`` gives all.
+        """
+        tmp = self.path / "tmp"
+        if not tmp.is_dir():
+            return []
+        found: dict[tuple[int, int], TornCheckpoint] = {}
+        for entry in os.listdir(tmp):
+            match = _TMP_RE.match(entry)
+            if not match:
+                continue
+            checkpoint_id, pid = int(match.group(1)), int(match.group(2))
+            if _pid_alive(pid):
+                continue
+            path = tmp / entry
+            st = path.stat()
+            torn = found.setdefault(
+                (checkpoint_id, pid), TornCheckpoint(checkpoint_id, pid, st.st_mtime, 0)
+            )
+            torn.started = min(torn.started, st.st_mtime)
+            torn.bytes_left += st.st_size
+            path.unlink()
+        if found:
+            history = self.torn_history_raw()
+            history.extend(vars(t) for t in found.values())
+            write_file_atomically(self.path / "torn.json", json.dumps(history).encode())
+        return sorted(found.values(), key=lambda t: t.checkpoint_id)
+
+    def torn_history_raw(self) -> list[dict[str, Any]]:
+        path = self.path / "torn.json"
+        return json.loads(path.read_text()) if path.exists() else []
+
+    def torn_history(self) -> list[TornCheckpoint]:
+        return [TornCheckpoint(**entry) for entry in self.torn_history_raw()]
+
+    # -- writing --------------------------------------------------------------------------------
+    def begin(self, checkpoint_id: int, known: dict[str, BufferLocation]) -> CheckpointWriter:
+        return CheckpointWriter(self, checkpoint_id, known)
+
+    # -- reading --------------------------------------------------------------------------------
+    def open_buffer(self, location: dict[str, Any]) -> memoryview:
+        """A writable, copy-on-write memory map of one buffer: pages load when first touched."""
+        name = location["file"]
+        mapped = self._maps.get(name)
+        if mapped is None:
+            path = self.path / name
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise StoreError(
+                    f"Data file {path} is missing: the checkpoint is damaged."
+                ) from None
+            try:
+                _check_owned(fd, path)
+                size = os.fstat(fd).st_size
+                if size == 0:
+                    return memoryview(bytearray())
+                # ACCESS_COPY: private pages, so a restored model can train in place while the
+                # file (shared with other checkpoints) never changes.
+                mapped = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+            finally:
+                os.close(fd)
+            with contextlib.suppress(AttributeError, OSError):
+                mapped.madvise(mmap.MADV_WILLNEED)
+            self._maps[name] = mapped
+        offset, nbytes = location["offset"], location["nbytes"]
+        if offset + nbytes > len(mapped):
+            raise StoreError(
+                f"Data file {name} is shorter than recorded: the checkpoint is damaged."
+            )
+        return memoryview(mapped)[offset : offset + nbytes]
+
+    def release_maps(self) -> None:
+        """Forget our references; live arrays keep their own maps alive as long as they need."""
+        self._maps.clear()
+
+    # -- retention and collection ---------------------------------------------------------------
+    def delete(self, checkpoint_id: int) -> None:
+        with self.locked():
+            path = self.manifest_path(checkpoint_id)
+            if not path.exists():
+                self.read_manifest(checkpoint_id)  # raises CheckpointNotFound with the list
+            path.unlink()
+            _fsync_dir(self.manifests_dir)
+            self._collect_locked()
+
+    def apply_retention(
+        self, keep_last: int, max_age_seconds: float = 0, max_bytes: int = 0
+    ) -> list[int]:
+        """Delete old checkpoints by policy (never the newest one) and collect unused data."""
+        with self.locked():
+            removed = self._retention_locked(keep_last, max_age_seconds, max_bytes)
+            self._collect_locked()
+        return removed
+
+    def _retention_locked(
+        self, keep_last: int, max_age_seconds: float, max_bytes: int
+    ) -> list[int]:
+        ids = self.checkpoint_ids()
+        if not ids:
+            return []
+        newest = ids[-1]
+        doomed: set[int] = set()
+        if keep_last > 0:
+            doomed.update(ids[:-keep_last])
+        manifests = {i: self.read_manifest(i) for i in ids if i not in doomed}
+        if max_age_seconds > 0:
+            cutoff = time.time() - max_age_seconds
+            doomed.update(i for i, m in manifests.items() if m["created"] < cutoff)
+        if max_bytes > 0:
+            # Walk newest to oldest, keeping checkpoints while the data they need fits.
+            seen: set[str] = set()
+            total = 0
+            for i in sorted(manifests, reverse=True):
+                if i in doomed:
+                    continue
+                extra = {
+                    loc["file"]: loc["nbytes"]
+                    for loc in manifests[i]["buffers"].values()
+                    if loc["file"] not in seen
+                }
+                if total + sum(extra.values()) > max_bytes and i != newest:
+                    doomed.add(i)
+                    continue
+                seen.update(extra)
+                total += sum(extra.values())
+        doomed.discard(newest)
+        for i in sorted(doomed):
+            self.manifest_path(i).unlink()
+        if doomed:
+            _fsync_dir(self.manifests_dir)
+        return sorted(doomed)
+
+    def _collect_locked(self) -> int:
+        """Unlink data files no manifest references; returns bytes freed."""
+        referenced: set[str] = set()
+        for i in self.checkpoint_ids():
+            for loc in self.read_manifest(i)["buffers"].values():
+                referenced.add(loc["file"])
+        freed = 0
+        for folder in ("blobs", "packs"):
+            base = self.path / folder
+            for dirpath, _dirs, files in os.walk(base):
+                for name in files:
+                    full = Path(dirpath) / name
+                    rel = full.relative_to(self.path).as_posix()
+                    if rel not in referenced:
+                        freed += full.stat().st_size
+                        full.unlink()
+        return freed
+
+    def disk_usage(self) -> int:
+        total = 0
+        for dirpath, _dirs, files in os.walk(self.path):
+            total += sum((Path(dirpath) / f).stat().st_size for f in files)
+        return total
+
+
+class CheckpointWriter:
+    """Writes the buffers of one checkpoint, then its manifest: the manifest is the commit point.
+
+    Large buffers go to their own content-named file; small ones to this checkpoint's pack.
+    Everything is written to ``tmp/`` first and renamed into place only after fsync.
+    """
+
+    def __init__(self, store: NotebookStore, checkpoint_id: int, known: dict[str, BufferLocation]):
+        self.store = store
+        self.checkpoint_id = checkpoint_id
+        self.known = known
+        self.used: dict[str, BufferLocation] = {}
+        self.stats = WriteStats()
+        self._prefix = f"{checkpoint_id:06d}-{os.getpid()}"
+        self._tmp = store.path / "tmp"
+        self._pending: list[tuple[int, Path, Path]] = []  # (fd, temp path, final path)
+        self._pack_fd: int | None = None
+        self._pack_name = f"packs/{self._prefix}-{os.urandom(4).hex()}.pack"
+        self._pack_tmp = self._tmp / f"{self._prefix}.pack.partial"
+        self._pack_size = 0
+        self._committed = False
+
+    def has(self, digest: str) -> bool:
+        return digest in self.used or digest in self.known
+
+    def add(self, digest: str, data: memoryview | None) -> BufferLocation:
+        """Store one buffer under its content hash, reusing an earlier copy when there is one.
+
+        ``data`` may be None for a buffer known to be stored already (a reused frame).
+        """
+        location = self.used.get(digest) or self.known.get(digest)
+        if location is not None:
+            if digest not in self.used:
+                self.stats.bytes_reused += location.nbytes
+            self.used[digest] = location
+            return location
+        if data is None:
+            raise StoreError(f"buffer {digest} was expected in the store but is gone")
+        nbytes = data.nbytes
+        if nbytes >= LARGE_BUFFER_BYTES:
+            rel = f"blobs/{digest[:2]}/{digest}"
+            final = self.store.path / rel
+            if final.exists():  # written by another checkpoint since we listed the store
+                location = BufferLocation(rel, 0, nbytes)
+                self.stats.bytes_reused += nbytes
+            else:
+                temp = self._tmp / f"{self._prefix}.{digest}.partial"
+                fd = _open_new_private(temp)
+                self._pending.append((fd, temp, final))
+                _write_all(fd, data)
+                location = BufferLocation(rel, 0, nbytes)
+                self.stats.bytes_written += nbytes
+        else:
+            if self._pack_fd is None:
+                self._pack_fd = _open_new_private(self._pack_tmp)
+            padding = -self._pack_size % _ALIGN
+            if padding:
+                _write_all(self._pack_fd, memoryview(b"\0" * padding))
+                self._pack_size += padding
+            location = BufferLocation(self._pack_name, self._pack_size, nbytes)
+            _write_all(self._pack_fd, data)
+            self._pack_size += nbytes
+            self.stats.bytes_written += nbytes
+        self.used[digest] = location
+        return location
+
+    def commit(self, manifest: dict[str, Any]) -> Path:
+        """fsync every data file, rename them into place, then write the manifest atomically."""
+        touched_dirs: set[Path] = set()
+        for fd, temp, final in self._pending:
+            os.fsync(fd)
+            os.close(fd)
+            final.parent.mkdir(mode=0o700, exist_ok=True)
+            os.replace(temp, final)
+            touched_dirs.add(final.parent)
+        self._pending.clear()
+        if self._pack_fd is not None:
+            os.fsync(self._pack_fd)
+            os.close(self._pack_fd)
+            self._pack_fd = None
+            final = self.store.path / self._pack_name
+            os.replace(self._pack_tmp, final)
+            touched_dirs.add(final.parent)
+        for folder in touched_dirs:
+            _fsync_dir(folder)
+        manifest["buffers"] = {d: loc.to_json() for d, loc in self.used.items()}
+        path = self.store.manifest_path(self.checkpoint_id)
+        write_file_atomically(path, json.dumps(manifest, separators=(",", ":")).encode())
+        self._committed = True
+        return path
+
+    def abort(self) -> None:
+        """Remove everything this writer left in tmp/; the previous checkpoint is untouched."""
+        for fd, temp, _final in self._pending:
+            os.close(fd)
+            temp.unlink(missing_ok=True)
+        self._pending.clear()
+        if self._pack_fd is not None:
+            os.close(self._pack_fd)
+            self._pack_fd = None
+        self._pack_tmp.unlink(missing_ok=True)
+
+
+def known_buffers(
+    store: NotebookStore, manifest: dict[str, Any] | None
+) -> dict[str, BufferLocation]:
+    """The buffers a new checkpoint may reuse: those of the given (latest) manifest."""
+    if not manifest:
+        return {}
+    known = {}
+    for digest, loc in manifest["buffers"].items():
+        if (store.path / loc["file"]).exists():
+            known[digest] = BufferLocation(loc["file"], loc["offset"], loc["nbytes"])
+    return known
