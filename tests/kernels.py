@@ -68,6 +68,7 @@ class Kernel:
         self.close()
 
     def close(self) -> None:
+        """Stop the kernel; safe to call more than once."""
         self.client.stop_channels()
         if self.manager.has_kernel:
             self.manager.shutdown_kernel(now=True)

@@ -403,8 +403,10 @@ def test_disk_full_leaves_kernel_running_and_previous_intact(
 ) -> None:
     if os.geteuid() != 0 or not _mount_tiny_store(store, "4m"):
         pytest.skip("needs permission to mount a small tmpfs to fill up")
+    kernels: list[Kernel] = []
     try:
         kernel = start_kernel()
+        kernels.append(kernel)
         kernel.ok("%load_ext jupyter_pause\nimport numpy as np\nkept = np.arange(1000)")
         checkpoint(kernel)
         kernel.ok("huge = np.ones(2_000_000)")  # 16 MB: cannot fit
@@ -415,6 +417,7 @@ def test_disk_full_leaves_kernel_running_and_previous_intact(
         assert kernel.value("int(huge.sum())") == 2_000_000  # the session keeps running
         assert not list(store.glob("*/tmp/*"))  # the torn attempt cleaned up after itself
         fresh = start_kernel()
+        kernels.append(fresh)
         fresh.ok("%load_ext jupyter_pause\n%checkpoint restore")
         assert fresh.value("int(kept.sum())") == 499500
         subprocess.run(["mount", "-o", "remount,ro", str(store)], check=True)
@@ -422,4 +425,6 @@ def test_disk_full_leaves_kernel_running_and_previous_intact(
         assert "Checkpoint not saved: no permission to write" in out.stderr
         assert "Read-only file system" in out.stderr
     finally:
-        subprocess.run(["umount", str(store)], check=False)
+        for kernel in kernels:  # their memory maps keep the mount busy
+            kernel.close()
+        subprocess.run(["umount", str(store)], check=True)

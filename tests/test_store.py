@@ -1,0 +1,184 @@
+"""The store, change tracking and schedule parsing, in-process (kernel behaviour is covered in
+test_kernel_checkpoint.py with real kernels)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from jupyter_pause.kernel import store as store_mod
+from jupyter_pause.kernel.api import Checkpointer, CheckpointError
+from jupyter_pause.kernel.arrays import Rebuilder
+from jupyter_pause.kernel.schedule import parse_interval
+from jupyter_pause.kernel.tracking import expand_through_functions, names_in_code
+
+np = pytest.importorskip("numpy")
+
+
+def make(tmp_path: Path, namespace: dict, **traits) -> Checkpointer:
+    return Checkpointer(
+        namespace, key=str(tmp_path / "nb.ipynb"), store_root=str(tmp_path / "s"), **traits
+    )
+
+
+def test_default_root_follows_jupyter_data_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("JUPYTER_PAUSE_STORE", raising=False)
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
+    assert store_mod.default_store_root() == tmp_path / "data" / "jupyter_pause" / "checkpoints"
+    monkeypatch.setenv("JUPYTER_PAUSE_STORE", str(tmp_path / "elsewhere"))
+    assert store_mod.default_store_root() == tmp_path / "elsewhere"
+
+
+def test_folder_names_are_readable_and_distinct() -> None:
+    a = store_mod.notebook_folder_name("/home/ana/exp/train model.ipynb")
+    b = store_mod.notebook_folder_name("/home/ana/other/train model.ipynb")
+    assert a.startswith("train_model.ipynb-") and b.startswith("train_model.ipynb-") and a != b
+
+
+def test_retention_by_count_age_and_bytes(tmp_path: Path) -> None:
+    ns: dict = {}
+    cp = make(tmp_path, ns, keep_last=0)
+    for i in range(4):
+        ns["data"] = np.full(300_000, float(i))  # 2.4 MB each, a blob of its own
+        cp.checkpoint()
+    assert cp.store.checkpoint_ids() == [1, 2, 3, 4]
+
+    # max_bytes keeps the newest checkpoints whose data fits, never dropping the newest
+    removed = cp.store.apply_retention(keep_last=0, max_bytes=5_000_000)
+    assert removed == [1, 2]
+    # max_age: back-date checkpoint 3, it goes; the newest stays even when old
+    path = cp.store.manifest_path(3)
+    manifest = json.loads(path.read_text())
+    manifest["created"] = time.time() - 7200
+    path.write_text(json.dumps(manifest))
+    path4 = cp.store.manifest_path(4)
+    manifest4 = json.loads(path4.read_text())
+    manifest4["created"] = time.time() - 7200
+    path4.write_text(json.dumps(manifest4))
+    assert cp.store.apply_retention(keep_last=0, max_age_seconds=3600) == [3]
+    assert cp.store.checkpoint_ids() == [4]
+    blobs = [p for p in (cp.store.path / "blobs").rglob("*") if p.is_file()]
+    assert len(blobs) == 1
+
+
+def test_write_failure_leaves_previous_checkpoint_and_no_partial_files(tmp_path: Path) -> None:
+    ns = {"a": np.arange(10)}
+    cp = make(tmp_path, ns)
+    cp.checkpoint()
+
+    class Exploding:
+        def __reduce__(self):
+            raise OSError(28, "No space left on device")
+
+    ns["boom"] = Exploding()
+    result = cp.checkpoint()  # a pickling error only skips that variable
+    assert "No space left on device" in result.skipped["boom"]
+    del ns["boom"]
+    real_add = store_mod.CheckpointWriter.add
+
+    def failing_add(self, digest, data):
+        raise OSError(28, "No space left on device", str(self.store.path / "tmp" / "x"))
+
+    store_mod.CheckpointWriter.add = failing_add
+    try:
+        ns["a"] = np.arange(20)
+        with pytest.raises(
+            CheckpointError, match=r"no space left .* Checkpoint 2 from .* is intact"
+        ):
+            cp.checkpoint()
+    finally:
+        store_mod.CheckpointWriter.add = real_add
+    assert os.listdir(cp.store.path / "tmp") == []
+    assert cp.store.checkpoint_ids() == [1, 2]
+    fresh: dict = {}
+    make(tmp_path, fresh).restore()
+    assert fresh["a"].tolist() == list(range(10))
+
+
+def test_damaged_data_is_detected_on_restore(tmp_path: Path) -> None:
+    ns = {"a": np.arange(1_000_000)}
+    cp = make(tmp_path, ns)
+    cp.checkpoint()
+    blob = next(p for p in (cp.store.path / "blobs").rglob("*") if p.is_file())
+    raw = bytearray(blob.read_bytes())
+    raw[100] ^= 0xFF
+    blob.chmod(0o600)
+    blob.write_bytes(bytes(raw))
+    fresh: dict = {}
+    result = make(tmp_path, fresh).restore()
+    assert "does not match its hash: the file is damaged" in result.failed["a"]
+    assert "a" not in fresh
+
+
+def test_cross_variable_cycles_and_aliases_keep_identity(tmp_path: Path) -> None:
+    first: list = []
+    second = [first]
+    first.append(second)
+    shared = {"k": 1}
+    ns = {"first": first, "second": second, "alias": first, "holder": [shared], "shared": shared}
+    make(tmp_path, ns).checkpoint()
+    out: dict = {}
+    make(tmp_path, out).restore()
+    assert out["first"][0] is out["second"] and out["second"][0] is out["first"]
+    assert out["alias"] is out["first"] and out["holder"][0] is out["shared"]
+
+
+def test_tensors_from_a_missing_device_come_back_on_cpu_with_a_warning() -> None:
+    torch = pytest.importorskip("torch")
+    data = torch.arange(6, dtype=torch.float32)
+    raw = memoryview(bytearray(data.numpy().tobytes()))
+    rebuilder = Rebuilder(lambda key: raw)
+    record = {
+        "kind": "torch",
+        "storage": "s0",
+        "offset": 0,
+        "shape": [2, 3],
+        "stride": [3, 1],
+        "dtype": "float32",
+        "device": "cuda:7",
+        "requires_grad": True,
+        "parameter": True,
+    }
+    tensor = rebuilder.rebuild(record)
+    assert tensor.device.type == "cpu" and tensor.shape == (2, 3)
+    assert isinstance(tensor, torch.nn.Parameter) and tensor.requires_grad
+    assert tensor.sum().item() == 15
+    assert (
+        len(rebuilder.warnings) == 1
+        and "saved on cuda:7 were restored on the CPU" in rebuilder.warnings[0]
+    )
+
+
+def test_cell_analysis_finds_names_and_gives_up_on_opaque_code() -> None:
+    assert names_in_code("x = y + f(z)\nfor i in it: acc.append(i)") >= {"x", "y", "f", "z", "acc"}
+    assert names_in_code("exec('a = 1')") is None
+    assert names_in_code("globals()['a'] = 1") is None
+    assert names_in_code("get_ipython().run_line_magic('checkpoint', 'list')") == set()
+    assert names_in_code("get_ipython().run_line_magic('time', 'model.fit(x)')") >= {"model", "x"}
+    assert names_in_code("get_ipython().run_line_magic('run', 'other.py')") is None
+
+    ns: dict = {"__name__": "__main__"}  # as in a notebook: definitions belong to __main__
+    exec(
+        "history = []\ndef log(v):\n    history.append(v)\n"
+        "class T:\n    def fit(self):\n        log(1)\nt = T()",
+        ns,
+    )
+    assert {"log", "history"} <= expand_through_functions({"t"}, ns)
+    assert "history" not in expand_through_functions({"T2"}, ns)
+
+
+def test_interval_parsing() -> None:
+    assert parse_interval("30m") == 1800
+    assert parse_interval("90s") == 90
+    assert parse_interval("2h") == 7200
+    assert parse_interval("off") is None and parse_interval(None) is None
+    with pytest.raises(ValueError, match="Not an interval"):
+        parse_interval("soon")
+    with pytest.raises(ValueError, match="shorter than 1 second"):
+        parse_interval("0.1")
