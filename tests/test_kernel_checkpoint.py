@@ -208,7 +208,8 @@ def test_incremental_checkpoint_rewrites_nothing_unchanged(start_kernel: KernelF
 
     kernel.ok("lr = 0.2")
     second = checkpoint(kernel)
-    assert second["bytes_written"] < 1024  # the new lr frame and the RNG states
+    # only the new lr frame and RNG states (if anything drew random numbers) are written
+    assert second["bytes_written"] < 64 * 1024
     assert second["bytes_reused"] >= data_bytes
 
     # an in-place update of a tensor through any path is found by its content hash

@@ -147,6 +147,14 @@ def notebook_key() -> str:
     return os.getcwd()
 
 
+_POLICY_ENV: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
+    ("keep_last", "JUPYTER_PAUSE_KEEP_LAST", int),
+    ("max_age_hours", "JUPYTER_PAUSE_MAX_AGE_HOURS", float),
+    ("max_bytes", "JUPYTER_PAUSE_MAX_BYTES", int),
+    ("save_unmarked", "JUPYTER_PAUSE_SAVE_UNMARKED", str),
+)
+
+
 class Checkpointer(Configurable):
     """Kernel-side checkpoint settings (``c.Checkpointer.*`` in ipython_kernel_config.py)."""
 
@@ -197,9 +205,10 @@ class Checkpointer(Configurable):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        for trait, env in (("keep_last", "JUPYTER_PAUSE_KEEP_LAST"),):
+        # The server passes the admin's policy to every kernel it starts; it wins over config.
+        for trait, env, cast in _POLICY_ENV:
             if os.environ.get(env):
-                setattr(self, trait, int(os.environ[env]))
+                setattr(self, trait, cast(os.environ[env]))
         self.namespace = namespace if namespace is not None else {}
         self.hidden = hidden if hidden is not None else {}
         self.tracker = tracker
@@ -211,6 +220,13 @@ class Checkpointer(Configurable):
         self._base_id: int | None = None  # the checkpoint the live namespace was last synced with
         self._base_ids: dict[str, int] = {}  # id() of each variable at that checkpoint
         self.on_checkpoint: list[Callable[[CheckpointResult], None]] = []
+
+    def set_key(self, key: str) -> None:
+        """Point at another notebook's checkpoints (the server names the notebook for certain)."""
+        self.key = key
+        self.store = store_mod.NotebookStore(Path(self.store_root), key)
+        self._base_id = None
+        self._base_ids = {}
 
     # -- marking ---------------------------------------------------------------------------------
     def keep(self, *names: str) -> list[str]:

@@ -97,6 +97,29 @@ class CheckpointMagics(Magics):
         except ValueError as err:
             self._error(str(err))
 
+    @line_magic
+    def pause(self, line: str = "") -> None:
+        """Pause this notebook: checkpoint it, stop the kernel and release its GPU.
+
+        The jupyter_pause server does the work once this cell finishes, so it works with no
+        browser open. Resume from the notebook toolbar or with `jupyter pause resume NOTEBOOK`.
+        """
+        from .server_calls import request_from_server
+
+        if line.strip():
+            self._error("%pause takes no arguments")
+            return
+        if request_from_server("pause", notebook=self.checkpointer.key):
+            print(
+                "Pause requested: once this cell finishes, the server checkpoints this notebook, "
+                "stops the kernel and releases its GPU."
+            )
+        else:
+            self._error(
+                "no jupyter_pause server is watching this kernel (is the server extension "
+                "enabled?). %checkpoint still saves the state."
+            )
+
     @staticmethod
     def _error(message: str) -> None:
         print(f"%checkpoint: {message}", file=sys.stderr)

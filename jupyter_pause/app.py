@@ -1,0 +1,181 @@
+"""The jupyter_pause server extension: the admin's policy as traitlets, and its start/stop.
+
+Configure in ``jupyter_server_config.py``, e.g.::
+
+    c.PauseApp.idle_pause_minutes = 60          # pause notebooks idle for an hour
+    c.PauseApp.gpu_count = 4                    # 4 GPUs on this box, shared by everyone
+    c.PauseApp.kernelspec_overrides = {"python3-cpu": {"auto_pause": False, "gpus": 0}}
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Dict, Enum, Float, Int, Unicode, default
+
+from . import metrics
+from .backends.local import LocalBackend
+from .kernel.store import default_store_root
+from .kernel_bridge import KernelBridge
+from .orchestrator import Orchestrator
+from .policy import Policy
+from .routes import handlers
+
+BACKENDS = ("local",)
+
+
+class PauseApp(ExtensionApp):
+    """Pause notebook sessions to storage, release their GPUs, and resume them later."""
+
+    name = "jupyter_pause"
+    description = "Pause a notebook session to storage and resume it later."
+    load_other_extensions = True
+
+    backend = Enum(
+        list(BACKENDS),
+        "local",
+        help="Where paused sessions go: 'local' stops the kernel process on this machine. "
+        "(Cluster backends - GKE Pod Snapshots, Kubeflow Workspaces - plug in here.)",
+    ).tag(config=True)
+
+    store_root = Unicode(
+        help="Folder of the application checkpoints, one subfolder per notebook. Default: "
+        "$JUPYTER_PAUSE_STORE, else <jupyter data dir>/jupyter_pause/checkpoints.",
+    ).tag(config=True)
+
+    idle_pause_minutes = Float(
+        0.0,
+        help="Pause a notebook after this many minutes without activity (a cell run, a busy "
+        "kernel, an edit; an open browser tab is not activity). 0 turns automatic pauses off. "
+        "A busy kernel is never paused automatically.",
+    ).tag(config=True)
+
+    min_running_minutes = Float(
+        0.0, help="Never pause automatically a session that has run for less than this (minutes)."
+    ).tag(config=True)
+
+    busy_wait_seconds = Float(
+        30.0,
+        help="A pause or checkpoint of a busy kernel waits this many seconds for the running "
+        "cell to finish, then is refused (409): running cells are never interrupted.",
+    ).tag(config=True)
+
+    kernel_call_timeout_seconds = Float(
+        1800.0, help="How long a checkpoint or restore inside the kernel may take (seconds)."
+    ).tag(config=True)
+
+    gpu_count = Int(
+        None,
+        allow_none=True,
+        help="GPUs the local backend may hand out (e.g. 4 for 10 users on one box). "
+        "Default: detected with NVML or nvidia-smi (0 when there are none).",
+    ).tag(config=True)
+
+    gpus_per_kernel = Int(
+        None,
+        allow_none=True,
+        help="GPUs each notebook kernel holds while it runs. Default: 1 when the backend has "
+        "GPUs, else 0. Per kernelspec: kernelspec_overrides.",
+    ).tag(config=True)
+
+    kernelspec_overrides = Dict(
+        help="Per-kernelspec policy, e.g. {'python3-cpu': {'auto_pause': False, 'gpus': 0}}. "
+        "Keys: auto_pause (bool), idle_pause_minutes, min_running_minutes, gpus.",
+    ).tag(config=True)
+
+    keep_last = Int(5, help="Checkpoints kept per notebook; older ones are deleted.").tag(
+        config=True
+    )
+
+    max_age_hours = Float(
+        0.0, help="Delete checkpoints older than this many hours (0: no limit; the newest stays)."
+    ).tag(config=True)
+
+    max_bytes = Int(
+        0, help="Checkpoint bytes kept per notebook (0: no limit; the newest checkpoint stays)."
+    ).tag(config=True)
+
+    save_unmarked = Enum(
+        ["all", "none"],
+        "all",
+        help="What a checkpoint saves when the user marked no variable: 'all' that can be "
+        "saved, or 'none'.",
+    ).tag(config=True)
+
+    monitor_interval_seconds = Float(
+        30.0, help="How often idle sessions are looked for (seconds)."
+    ).tag(config=True)
+
+    @default("store_root")
+    def _default_store_root(self) -> str:
+        return str(default_store_root())
+
+    def policy(self, gpus_total: int) -> Policy:
+        per_kernel = self.gpus_per_kernel
+        if per_kernel is None:
+            per_kernel = 1 if gpus_total else 0
+        return Policy(
+            idle_pause_minutes=self.idle_pause_minutes,
+            min_running_minutes=self.min_running_minutes,
+            busy_wait_seconds=self.busy_wait_seconds,
+            kernel_call_timeout_seconds=self.kernel_call_timeout_seconds,
+            gpus_per_kernel=per_kernel,
+            keep_last=self.keep_last,
+            max_age_hours=self.max_age_hours,
+            max_bytes=self.max_bytes,
+            save_unmarked=self.save_unmarked,
+            kernelspec_overrides=dict(self.kernelspec_overrides),
+        )
+
+    def initialize_settings(self) -> None:
+        serverapp = self.serverapp
+        assert serverapp is not None
+        backend = LocalBackend(serverapp.kernel_manager, serverapp.session_manager, self.gpu_count)
+        policy = self.policy(backend.pool.total)
+        # Kernels inherit the server's environment: every kernel, whoever starts it, writes
+        # to the admin's store with the admin's retention.
+        os.environ["JUPYTER_PAUSE_STORE"] = self.store_root
+        os.environ.update(policy.kernel_env())
+        self.orchestrator = Orchestrator(
+            backend=backend,
+            bridge=KernelBridge(serverapp.kernel_manager),
+            session_manager=serverapp.session_manager,
+            policy=policy,
+            store_root=Path(self.store_root),
+            root_dir=serverapp.root_dir,
+        )
+        self.settings["jupyter_pause_orchestrator"] = self.orchestrator
+        self._collector = metrics.register(self.orchestrator.metrics_snapshot)
+        self._warn_about_culling(serverapp.kernel_manager, policy)
+
+    def _warn_about_culling(self, kernel_manager: Any, policy: Policy) -> None:
+        cull = getattr(kernel_manager, "cull_idle_timeout", 0) or 0
+        if not cull:
+            return
+        pause = policy.idle_pause_minutes * 60
+        if not pause or cull <= pause:
+            self.log.warning(
+                "jupyter_pause: MappingKernelManager.cull_idle_timeout (%.0f s) culls idle kernels "
+                "%s; their unsaved state is lost. Set PauseApp.idle_pause_minutes below %.0f "
+                "so idle notebooks are paused (checkpointed) first, or turn culling off.",
+                cull,
+                "and automatic pauses are off"
+                if not pause
+                else f"before the pause policy ({pause:.0f} s)",
+                cull / 60,
+            )
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(handlers())
+
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        await self.orchestrator.start(self.monitor_interval_seconds)
+
+    async def stop_extension(self) -> None:
+        if getattr(self, "_collector", None) is not None:
+            metrics.unregister(self._collector)
+            self._collector = None
+        await self.orchestrator.stop()

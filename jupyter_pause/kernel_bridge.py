@@ -1,0 +1,178 @@
+"""The server's side of talking to a kernel: requests over the kernel's own ZMQ channels.
+
+Requests are silent execute requests carrying one *user expression* (see
+``kernel.server_calls``): no history entry, no output in the notebook, no browser needed.
+A watcher per kernel listens on iopub for what the orchestrator needs to know: busy/idle,
+cells executed, and ``%pause`` requests.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+from jupyter_client.session import Session
+
+from .kernel.server_calls import REQUEST_MSG_TYPE
+
+log = logging.getLogger(__name__)
+
+
+class KernelCallError(Exception):
+    """The kernel could not answer; the message says why in words a user can act on."""
+
+
+@dataclass
+class KernelActivity:
+    """What the watcher knows about a kernel's work (the orchestrator's idea of "idle")."""
+
+    busy: bool = False
+    busy_since: float | None = None
+    execution_count: int | None = None
+    last_activity: float = 0.0
+    busy_seconds: float = 0.0  # total time spent executing cells since the watcher started
+    cells_executed: int = 0
+    watching: bool = False  # the iopub watcher is subscribed: busy/idle changes are seen
+
+
+class KernelBridge:
+    """Calls into kernels and watches them, given jupyter-server's kernel manager."""
+
+    def __init__(self, kernel_manager: Any) -> None:
+        self.kernel_manager = kernel_manager
+        self._own_sessions: set[str] = set()  # our clients' session ids: not user activity
+
+    def _client(self, kernel_id: str) -> Any:
+        try:
+            kernel = self.kernel_manager.get_kernel(kernel_id)
+        except KeyError:
+            raise KernelCallError(f"kernel {kernel_id} is not running") from None
+        # A session id of our own: the server's other clients share the kernel manager's, and
+        # our silent requests must never count as the user's activity.
+        session = Session(
+            key=kernel.session.key,
+            signature_scheme=kernel.session.signature_scheme,
+            username="jupyter_pause",
+        )
+        client = kernel.client(session=session)
+        self._own_sessions.add(session.session)
+        return client
+
+    async def call(self, kernel_id: str, op: str, timeout: float, **args: Any) -> dict[str, Any]:
+        """Evaluate ``server_calls.call(op, args)`` in the kernel; returns its JSON answer."""
+        client = self._client(kernel_id)
+        client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
+        expression = (
+            "__import__('jupyter_pause.kernel.server_calls', fromlist=['call'])"
+            f".call({op!r}, {json.dumps(args)!r})"
+        )
+        try:
+            msg_id = client.execute(
+                "",
+                silent=True,
+                store_history=False,
+                user_expressions={"r": expression},
+                allow_stdin=False,
+            )
+            deadline = time.monotonic() + timeout
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise KernelCallError(f"the kernel did not answer within {timeout:.0f} s")
+                try:
+                    reply = await client.get_shell_msg(timeout=remaining)
+                except Exception:  # queue.Empty from jupyter_client: a timeout
+                    continue
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    break
+        finally:
+            client.stop_channels()
+        return _parse_reply(reply)
+
+    async def watch(
+        self,
+        kernel_id: str,
+        activity: KernelActivity,
+        on_event: Callable[[str, dict[str, Any]], Awaitable[None]],
+    ) -> None:
+        """Follow a kernel's iopub until it goes away (run as a task; cancel to stop)."""
+        client = self._client(kernel_id)
+        client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+        try:
+            # Returns once iopub delivers: from then on no busy/idle message is missed.
+            await client.wait_for_ready(timeout=120)
+            kernel = self.kernel_manager.get_kernel(kernel_id)
+            if getattr(kernel, "execution_state", None) == "busy" and not activity.busy:
+                activity.busy, activity.busy_since = True, time.time()  # busy since before we came
+            activity.watching = True
+            while True:
+                try:
+                    msg = await client.get_iopub_msg(timeout=5)
+                except asyncio.CancelledError:
+                    raise
+                except zmq.ZMQError:  # the kernel and its sockets are gone
+                    return
+                except Exception:  # no message within the timeout: is the kernel still there?
+                    if kernel_id not in self.kernel_manager:
+                        return
+                    continue
+                await self._on_iopub(msg, activity, on_event)
+        except RuntimeError as err:  # wait_for_ready: the kernel died before answering
+            log.info("jupyter_pause: stopped watching kernel %s: %s", kernel_id, err)
+        finally:
+            activity.watching = False
+            with contextlib.suppress(Exception):
+                client.stop_channels()
+
+    async def _on_iopub(
+        self,
+        msg: dict[str, Any],
+        activity: KernelActivity,
+        on_event: Callable[[str, dict[str, Any]], Awaitable[None]],
+    ) -> None:
+        kind = msg["msg_type"]
+        parent = msg.get("parent_header") or {}
+        ours = parent.get("session") in self._own_sessions
+        now = time.time()
+        if kind == "status" and parent.get("msg_type") == "execute_request" and not ours:
+            state = msg["content"].get("execution_state")
+            if state == "busy" and not activity.busy:
+                activity.busy, activity.busy_since = True, now
+            elif state == "idle" and activity.busy:
+                activity.busy_seconds += now - (activity.busy_since or now)
+                activity.busy, activity.busy_since = False, None
+                activity.last_activity = now
+        elif kind == "execute_input" and not ours:
+            activity.execution_count = msg["content"].get("execution_count")
+            activity.cells_executed += 1
+            activity.last_activity = now
+            await on_event("cell", {"execution_count": activity.execution_count})
+        elif kind == REQUEST_MSG_TYPE:
+            await on_event("request", dict(msg["content"]))
+
+
+def _parse_reply(reply: dict[str, Any]) -> dict[str, Any]:
+    content = reply["content"]
+    if content.get("status") != "ok":
+        raise KernelCallError(f"the kernel refused the request: {content.get('evalue', content)}")
+    result = content.get("user_expressions", {}).get("r")
+    if result is None:
+        raise KernelCallError("the kernel returned no answer")
+    if result.get("status") != "ok":
+        ename, evalue = result.get("ename", "Error"), result.get("evalue", "")
+        if ename == "ModuleNotFoundError":
+            raise KernelCallError(
+                "jupyter_pause is not installed in this kernel's environment: "
+                "pip install jupyter_pause there, then restart the kernel"
+            )
+        raise KernelCallError(f"{ename}: {evalue}")
+    text = result["data"]["text/plain"]
+    return json.loads(ast.literal_eval(text))

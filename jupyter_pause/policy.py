@@ -1,0 +1,53 @@
+"""The admin's pause policy as plain data (the traitlets live on the server extension)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class KernelPolicy:
+    """The policy for one kernelspec, after per-kernelspec overrides."""
+
+    auto_pause: bool
+    idle_minutes: float
+    min_running_minutes: float
+    gpus: int
+
+
+@dataclass
+class Policy:
+    idle_pause_minutes: float = 0.0  # 0: no automatic pause
+    min_running_minutes: float = 0.0
+    busy_wait_seconds: float = 30.0
+    kernel_call_timeout_seconds: float = 1800.0
+    gpus_per_kernel: int = 0
+    keep_last: int = 5
+    max_age_hours: float = 0.0
+    max_bytes: int = 0
+    save_unmarked: str = "all"
+    kernelspec_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def for_kernelspec(self, name: str) -> KernelPolicy:
+        override = self.kernelspec_overrides.get(name, {})
+        return KernelPolicy(
+            auto_pause=bool(override.get("auto_pause", self.idle_pause_minutes > 0)),
+            idle_minutes=float(override.get("idle_pause_minutes", self.idle_pause_minutes)),
+            min_running_minutes=float(
+                override.get("min_running_minutes", self.min_running_minutes)
+            ),
+            gpus=int(override.get("gpus", self.gpus_per_kernel)),
+        )
+
+    def kernel_env(self) -> dict[str, str]:
+        """What kernels must know of the policy (retention and what to save)."""
+        return {
+            "JUPYTER_PAUSE_KEEP_LAST": str(self.keep_last),
+            "JUPYTER_PAUSE_MAX_AGE_HOURS": str(self.max_age_hours),
+            "JUPYTER_PAUSE_MAX_BYTES": str(self.max_bytes),
+            "JUPYTER_PAUSE_SAVE_UNMARKED": self.save_unmarked,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,45 @@
+"""Shared pytest fixtures: a real Jupyter server with the jupyter_pause extension enabled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ("pytest_jupyter.jupyter_server",)
+
+#: Variables the server extension exports to kernels; each test starts without them.
+_EXPORTED = (
+    "JUPYTER_PAUSE_STORE",
+    "JUPYTER_PAUSE_KEEP_LAST",
+    "JUPYTER_PAUSE_MAX_AGE_HOURS",
+    "JUPYTER_PAUSE_MAX_BYTES",
+    "JUPYTER_PAUSE_SAVE_UNMARKED",
+    "JUPYTER_PAUSE_NOTEBOOK",
+)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_pause_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Undo what a test server exported to os.environ, so tests cannot leak policy."""
+    for name in _EXPORTED:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def pause_store(tmp_path: Path) -> Path:
+    return tmp_path / "pause-store"
+
+
+@pytest.fixture
+def jp_server_config(pause_store: Path) -> dict:
+    """jupyter_pause enabled, one GPU to share (set by the admin: no GPU needed here)."""
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_pause": True}},
+        "PauseApp": {
+            "store_root": str(pause_store),
+            "gpu_count": 1,
+            "busy_wait_seconds": 1.0,
+            "monitor_interval_seconds": 3600.0,
+        },
+    }

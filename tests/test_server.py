@@ -1,0 +1,426 @@
+"""Pause, checkpoint and resume through the REST API of a real jupyter-server with real kernels."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+pytest.importorskip("torch")
+
+MODEL_CELL = """
+import numpy as np, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+data = torch.randn(32, 8)
+table = np.arange(12.0).reshape(3, 4)
+loss = model(data).pow(2).mean(); loss.backward(); optimizer.step()
+"""
+
+
+class Server:
+    """The test server, driven the way the frontend and the CLI drive it."""
+
+    def __init__(self, fetch: Any, app: Any) -> None:
+        self.fetch = fetch
+        self.app = app
+
+    @property
+    def orchestrator(self) -> Any:
+        return self.app.web_app.settings["jupyter_pause_orchestrator"]
+
+    async def call(self, method: str, *parts: str, body: Any = None) -> tuple[int, Any]:
+        kwargs: dict[str, Any] = {"method": method}
+        if method != "GET":
+            kwargs["body"] = json.dumps(body or {})
+        response = await self.fetch("jupyter-pause", *parts, **kwargs)
+        return response.code, json.loads(response.body) if response.body else None
+
+    async def error(self, method: str, *parts: str) -> tuple[int, str]:
+        with pytest.raises(HTTPClientError) as info:
+            await self.call(method, *parts)
+        return info.value.code, json.loads(info.value.response.body)["message"]
+
+    async def open_notebook(self, path: str) -> str:
+        """What JupyterLab does when a notebook opens: a session with a kernel."""
+        body = {
+            "path": path,
+            "name": os.path.basename(path),
+            "type": "notebook",
+            "kernel": {"name": "python3"},
+        }
+        response = await self.fetch("api", "sessions", method="POST", body=json.dumps(body))
+        return json.loads(response.body)["kernel"]["id"]
+
+    async def run(self, kernel_id: str, code: str, timeout: float = 120) -> str:
+        """Execute a cell as a user would; returns its stdout, fails on an error."""
+        client = self.app.kernel_manager.get_kernel(kernel_id).client()
+        client.start_channels()
+        await client.wait_for_ready(timeout=60)  # iopub subscribed: no output is missed
+        out: list[str] = []
+        errors: list[str] = []
+
+        def hook(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                errors.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
+
+        try:
+            await client.execute_interactive(code, output_hook=hook, timeout=timeout)
+        finally:
+            client.stop_channels()
+        assert not errors, errors
+        return "".join(out)
+
+    async def watched(self, path: str) -> dict[str, Any]:
+        """Wait until the server watches the notebook's kernel (sees every busy/idle change)."""
+        return await self.wait_for(path, lambda r: r["watching"])
+
+    async def wait_for(self, path: str, check: Any, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            _, record = await self.call("GET", "sessions", path)
+            if check(record):
+                return record
+            assert time.monotonic() < deadline, f"{path}: condition not met: {record}"
+            await asyncio.sleep(0.05)
+
+    async def wait_state(self, path: str, *states: str, timeout: float = 120) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            _, record = await self.call("GET", "sessions", path)
+            if record["state"] in states:
+                return record
+            assert time.monotonic() < deadline, f"{path} stuck in {record['state']}: {record}"
+            await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+def server(jp_fetch: Any, jp_serverapp: Any) -> Server:
+    return Server(jp_fetch, jp_serverapp)
+
+
+async def pause_and_wait(server: Server, path: str) -> dict[str, Any]:
+    code, record = await server.call("POST", "pause", path)
+    assert code == 202 and record["state"] == "checkpointing"
+    return await server.wait_state(path, "paused", "active")
+
+
+async def test_pause_then_resume_restores_the_model_from_files(server: Server) -> None:
+    # Given a notebook whose kernel holds a trained model and data
+    kernel_id = await server.open_notebook("exp/train.ipynb")
+    await server.run(kernel_id, MODEL_CELL)
+    expected = await server.run(kernel_id, "print(model(data).sum().item(), table.sum())")
+
+    # When the researcher pauses it
+    paused = await pause_and_wait(server, "exp/train.ipynb")
+
+    # Then the kernel process is gone and the state says what was saved
+    assert paused["state"] == "paused", paused
+    assert paused["message"].startswith("Paused since ") and " saved)" in paused["message"]
+    assert paused["kernel_id"] is None and kernel_id not in server.app.kernel_manager
+    assert paused["checkpoint"]["id"] == 1 and paused["checkpoint"]["bytes"] > 0
+
+    # When they resume it
+    code, record = await server.call("POST", "resume", "exp/train.ipynb")
+    assert code == 202 and record["state"] in ("resuming", "restoring")
+    ready = await server.wait_state("exp/train.ipynb", "ready", "failed")
+
+    # Then a new kernel has the same model and data, rebuilt from the application checkpoint
+    assert ready["state"] == "ready", ready
+    assert ready["how"] == "files"
+    assert {"model", "optimizer", "data", "table"} <= set(ready["restore"]["restored"])
+    assert ready["message"].startswith("Ready: restored from files (")
+    assert ready["kernel_id"] != kernel_id
+    assert (
+        await server.run(ready["kernel_id"], "print(model(data).sum().item(), table.sum())")
+        == expected
+    )
+
+    # And the timeline accounts for every step, the next cell included
+    _, timeline = await server.call("GET", "timeline", "exp/train.ipynb")
+    kinds = [e["kind"] for e in timeline["events"]]
+    for kind in (
+        "gpu_acquired",
+        "last_activity",
+        "pause_requested",
+        "checkpoint_written",
+        "kernel_stopped",
+        "gpu_released",
+        "resume_requested",
+        "resources_acquired",
+        "state_restored",
+        "kernel_ready",
+        "first_cell_executed",
+    ):
+        assert kind in kinds, kinds
+    assert (
+        kinds.index("pause_requested")
+        < kinds.index("kernel_stopped")
+        < kinds.index("resume_requested")
+        < kinds.index("kernel_ready")
+        < kinds.index("first_cell_executed")
+    )
+    accounting = timeline["accounting"]
+    assert accounting["pauses"] == 1 and accounting["resumes"] == 1 and accounting["gpus"] == 1
+    assert accounting["gpu_seconds_released"] > 0
+    assert accounting["gpu_seconds_allocated"] > accounting["gpu_seconds_active"] > 0
+    assert (
+        0
+        < accounting["last_resume_to_ready_seconds"]
+        <= accounting["last_resume_to_next_cell_seconds"]
+    )
+    assert accounting["bytes_saved"] == paused["checkpoint"]["bytes"]
+
+
+async def test_twenty_concurrent_resumes_make_one_restore(server: Server) -> None:
+    kernel_id = await server.open_notebook("shared.ipynb")
+    await server.run(kernel_id, "value = 41 + 1")
+    await pause_and_wait(server, "shared.ipynb")
+
+    answers = await asyncio.gather(
+        *(server.call("POST", "resume", "shared.ipynb") for _ in range(20))
+    )
+    assert {code for code, _ in answers} == {202}
+    ready = await server.wait_state("shared.ipynb", "ready", "failed")
+    assert ready["state"] == "ready"
+
+    _, timeline = await server.call("GET", "timeline", "shared.ipynb")
+    kinds = [e["kind"] for e in timeline["events"]]
+    assert kinds.count("resume_requested") == 1 and kinds.count("state_restored") == 1
+    sessions = json.loads((await server.fetch("api", "sessions")).body)
+    assert [s["path"] for s in sessions] == ["shared.ipynb"]
+    assert len(server.app.kernel_manager.list_kernel_ids()) == 1
+    assert await server.run(ready["kernel_id"], "print(value)") == "42\n"
+    # a late retry gets the finished session, not a second restore
+    code, again = await server.call("POST", "resume", "shared.ipynb")
+    assert code == 202 and again["state"] == "ready" and again["kernel_id"] == ready["kernel_id"]
+
+
+async def test_resume_after_the_extension_restarts(server: Server) -> None:
+    kernel_id = await server.open_notebook("restart.ipynb")
+    await server.run(kernel_id, "kept = {'epoch': 7}")
+    await pause_and_wait(server, "restart.ipynb")
+
+    # The server's memory is gone; only the store on disk remains
+    (app,) = server.app.extension_manager.extension_apps["jupyter_pause"]
+    await app.stop_extension()
+    app.initialize_settings()
+    await app._start_jupyter_server_extension(server.app)
+    server.app.web_app.settings["jupyter_pause_orchestrator"] = app.orchestrator
+
+    _, record = await server.call("GET", "sessions", "restart.ipynb")
+    assert record["state"] == "paused"
+    await server.call("POST", "resume", "restart.ipynb")
+    ready = await server.wait_state("restart.ipynb", "ready", "failed")
+    assert ready["state"] == "ready"
+    assert await server.run(ready["kernel_id"], "print(kept['epoch'])") == "7\n"
+
+
+async def test_busy_kernel_is_not_paused_and_the_reason_is_given(server: Server) -> None:
+    kernel_id = await server.open_notebook("busy.ipynb")
+    await server.run(kernel_id, "import time")
+    await server.watched("busy.ipynb")
+    running = asyncio.create_task(server.run(kernel_id, "time.sleep(4)"))
+    await server.wait_for("busy.ipynb", lambda r: r["busy"])
+
+    code, message = await server.error("POST", "pause", "busy.ipynb")
+    assert code == 409
+    assert "kernel busy running cell [2] for 0 min" in message and "never interrupted" in message
+    # nor by the idle policy, however short
+    server.orchestrator.policy.idle_pause_minutes = 0.0001
+    assert await server.orchestrator.check_idle() == []
+    await running
+    _, record = await server.call("GET", "sessions", "busy.ipynb")
+    assert record["state"] == "active" and record["kernel_id"] == kernel_id
+
+
+async def test_idle_sessions_are_paused_by_policy(server: Server) -> None:
+    policy = server.orchestrator.policy
+    policy.idle_pause_minutes = 0.0005  # 30 ms
+    policy.kernelspec_overrides = {}
+    kernel_id = await server.open_notebook("idle.ipynb")
+    await server.watched("idle.ipynb")
+    await server.run(kernel_id, "x = 1")
+    # an open connection is not activity: only cells, busy kernels and edits are
+    await asyncio.sleep(0.1)
+    assert await server.orchestrator.check_idle() == ["idle.ipynb"]
+    record = await server.wait_state("idle.ipynb", "paused")
+    events = (await server.call("GET", "timeline", "idle.ipynb"))[1]["events"]
+    assert [e["data"]["reason"] for e in events if e["kind"] == "pause_requested"] == [
+        "idle for 0 min"
+    ]
+    assert record["checkpoint"]["id"] == 1
+
+    # a kernelspec the admin exempts is never auto-paused
+    policy.kernelspec_overrides = {"python3": {"auto_pause": False}}
+    other = await server.open_notebook("cpu.ipynb")
+    await server.watched("cpu.ipynb")
+    await server.run(other, "y = 2")
+    await asyncio.sleep(0.1)
+    assert await server.orchestrator.check_idle() == []
+
+
+async def test_pause_from_a_cell_with_no_browser(server: Server) -> None:
+    kernel_id = await server.open_notebook("magic.ipynb")
+    await server.run(kernel_id, "z = 3")
+    await server.call("GET", "sessions", "magic.ipynb")  # the server introduces itself
+    deadline = time.monotonic() + 30
+    while "attached" not in await server.run(
+        kernel_id,
+        "import jupyter_pause.kernel.server_calls as s\n"
+        "print('attached' if s.SERVER_ATTACHED else 'not yet')",
+    ):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.2)
+    out = await server.run(kernel_id, "%pause")
+    assert "Pause requested" in out
+    record = await server.wait_state("magic.ipynb", "paused")
+    assert record["checkpoint"]["id"] == 1
+    events = (await server.call("GET", "timeline", "magic.ipynb"))[1]["events"]
+    assert [e["data"]["reason"] for e in events if e["kind"] == "pause_requested"] == [
+        "%pause in the notebook"
+    ]
+
+
+async def test_checkpoint_endpoint_and_checkpoint_list(server: Server) -> None:
+    kernel_id = await server.open_notebook("ckpt.ipynb")
+    await server.run(kernel_id, "import numpy as np\narr = np.ones(1000)")
+    code, body = await server.call("POST", "checkpoint", "ckpt.ipynb")
+    assert code == 200 and body["result"]["checkpoint_id"] == 1
+    assert body["result"]["saved"] == ["arr"] and body["session"]["state"] == "active"
+    _, listing = await server.call("GET", "checkpoints", "ckpt.ipynb")
+    assert [c["id"] for c in listing["checkpoints"]] == [1]
+    assert listing["checkpoints"][0]["variables"] == ["arr"]
+    assert await server.run(kernel_id, "print(arr.sum())") == "1000.0\n"  # still running
+
+
+async def test_errors_are_clear_json(server: Server) -> None:
+    assert await server.error("GET", "sessions", "nope.ipynb") == (
+        404,
+        "No session for 'nope.ipynb': open the notebook (start a kernel) or check the path",
+    )
+    code, message = await server.error("POST", "pause", "../../etc/passwd")
+    assert code == 400 and "inside the server root" in message
+    assert (await server.error("GET", "checkpoints", "nope.ipynb"))[0] == 404
+    kernel_id = await server.open_notebook("err.ipynb")
+    await server.run(kernel_id, "a = 1")
+    # a resume of a running notebook joins it: never a second kernel
+    code, record = await server.call("POST", "resume", "err.ipynb")
+    assert code == 202 and record["kernel_id"] == kernel_id and record["state"] == "active"
+    await pause_and_wait(server, "err.ipynb")
+    code, message = await server.error("POST", "pause", "err.ipynb")
+    assert (code, message) == (409, "err.ipynb is already paused")
+    code, message = await server.error("POST", "checkpoint", "err.ipynb")
+    assert code == 409 and "it is paused, not running" in message
+
+
+@pytest.mark.parametrize(
+    ("method", "parts"),
+    [
+        ("GET", ("status",)),
+        ("GET", ("sessions",)),
+        ("GET", ("sessions", "a.ipynb")),
+        ("POST", ("pause", "a.ipynb")),
+        ("POST", ("resume", "a.ipynb")),
+        ("POST", ("checkpoint", "a.ipynb")),
+        ("GET", ("checkpoints", "a.ipynb")),
+        ("GET", ("timeline", "a.ipynb")),
+        ("POST", ("gc",)),
+        ("POST", ("activity", "a.ipynb")),
+    ],
+)
+async def test_every_endpoint_refuses_unauthenticated_requests(
+    jp_fetch: Any, method: str, parts: tuple[str, ...]
+) -> None:
+    kwargs: dict[str, Any] = {"method": method, "headers": {"Authorization": ""}}
+    if method == "POST":
+        kwargs["body"] = "{}"
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("jupyter-pause", *parts, **kwargs)
+    assert info.value.code == 403
+
+
+async def test_resume_waits_for_a_gpu_first_come_first_served(server: Server) -> None:
+    # Given one GPU: notebook A ran and was paused; notebook B now holds the GPU
+    a = await server.open_notebook("a.ipynb")
+    await server.run(a, "who = 'a'")
+    await pause_and_wait(server, "a.ipynb")
+    b = await server.open_notebook("b.ipynb")
+    await server.run(b, "who = 'b'")
+    _, b_record = await server.call("GET", "sessions", "b.ipynb")
+    assert b_record["gpus"] == [0]
+
+    # When A resumes, it waits, and says why and where it stands
+    await server.call("POST", "resume", "a.ipynb")
+    waiting = await server.wait_state("a.ipynb", "waiting-for-resources")
+    assert waiting["queue_position"] == 1
+    assert "all 1 GPU(s) are in use (by b.ipynb)" in waiting["message"]
+    _, status = await server.call("GET", "status")
+    assert status["resources"]["queue"] == ["a.ipynb"] and status["resources"]["gpus_free"] == 0
+
+    # Then pausing B hands the GPU to A
+    await pause_and_wait(server, "b.ipynb")
+    ready = await server.wait_state("a.ipynb", "ready", "failed")
+    assert ready["state"] == "ready" and ready["gpus"] == [0]
+    assert await server.run(ready["kernel_id"], "print(who)") == "a\n"
+
+
+def _mount_tiny(path: Path) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(path)], capture_output=True
+    )
+    return done.returncode == 0
+
+
+@pytest.fixture
+def tiny_store(pause_store: Path) -> Any:
+    if os.geteuid() != 0 or not _mount_tiny(pause_store):
+        pytest.skip("needs permission to mount a small tmpfs to fill up")
+    yield pause_store
+    subprocess.run(["umount", "-l", str(pause_store)], check=False)
+
+
+async def test_full_disk_during_pause_keeps_the_session_running(
+    server: Server, tiny_store: Path
+) -> None:
+    kernel_id = await server.open_notebook("full.ipynb")
+    await server.run(kernel_id, "import numpy as np\nsmall = np.arange(100)")
+    code, _ = await server.call("POST", "checkpoint", "full.ipynb")
+    assert code == 200
+    await server.run(kernel_id, "big = np.ones(1_000_000)")  # 8 MB > 3 MB
+
+    await server.call("POST", "pause", "full.ipynb")
+    record = await server.wait_state("full.ipynb", "active", "paused")
+    assert record["state"] == "active", record
+    assert "no space left on the device" in record["error"]["what"]
+    assert "still running; nothing was lost" in record["error"]["recovery"]
+    assert "checkpoint 1 from" in record["error"]["recovery"]
+    assert record["kernel_id"] == kernel_id
+    assert await server.run(kernel_id, "print(int(big.sum()))") == "1000000\n"
+    _, listing = await server.call("GET", "checkpoints", "full.ipynb")
+    assert [c["id"] for c in listing["checkpoints"]] == [1]
+    await server.app.kernel_manager.shutdown_kernel(kernel_id)  # frees the mount
+
+
+async def test_metrics_and_gc(server: Server) -> None:
+    kernel_id = await server.open_notebook("m.ipynb")
+    await server.run(kernel_id, "q = 1")
+    await pause_and_wait(server, "m.ipynb")
+    text = (await server.fetch("metrics")).body.decode()
+    assert 'jupyter_pause_sessions{state="paused"} 1.0' in text
+    assert "jupyter_pause_gpus_total 1.0" in text
+    assert 'jupyter_pause_pauses_total{outcome="paused"}' in text
+    assert 'jupyter_pause_gpu_seconds{kind="released"}' in text
+    code, gc = await server.call("POST", "gc")
+    assert code == 200 and gc == {"removed": {}, "bytes_freed": 0}
