@@ -146,6 +146,7 @@ class PauseApp(ExtensionApp):
             policy=policy,
             store_root=Path(self.store_root),
             root_dir=serverapp.root_dir,
+            cull_idle_seconds=float(getattr(serverapp.kernel_manager, "cull_idle_timeout", 0) or 0),
         )
         self.settings["jupyter_pause_orchestrator"] = self.orchestrator
         self._collector = metrics.register(self.orchestrator.metrics_snapshot)
@@ -159,8 +160,9 @@ class PauseApp(ExtensionApp):
         if not pause or cull <= pause:
             self.log.warning(
                 "jupyter_pause: MappingKernelManager.cull_idle_timeout (%.0f s) culls idle kernels "
-                "%s; their unsaved state is lost. Set PauseApp.idle_pause_minutes below %.0f "
-                "so idle notebooks are paused (checkpointed) first, or turn culling off.",
+                "%s; jupyter_pause checkpoints idle kernels at 80%% of that timeout, but changes "
+                "made after that checkpoint are lost. Set PauseApp.idle_pause_minutes below %.0f "
+                "so idle notebooks are paused first, or turn culling off.",
                 cull,
                 "and automatic pauses are off"
                 if not pause

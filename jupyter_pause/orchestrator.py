@@ -144,6 +144,7 @@ class Orchestrator:
         policy: Policy,
         store_root: Path,
         root_dir: str,
+        cull_idle_seconds: float = 0.0,
     ) -> None:
         self.backend = backend
         self.bridge = bridge
@@ -151,6 +152,8 @@ class Orchestrator:
         self.policy = policy
         self.store_root = Path(store_root)
         self.root_dir = root_dir
+        # jupyter-server's own culler kills idle kernels: checkpoint them before it does.
+        self.cull_idle_seconds = cull_idle_seconds
         self.records: dict[str, SessionRecord] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}  # the pause or resume in flight
@@ -640,6 +643,8 @@ class Orchestrator:
             await asyncio.sleep(interval)
             try:
                 await self.check_idle()
+                if self.policy.max_age_hours > 0:  # age limits expire without any new checkpoint
+                    await asyncio.to_thread(self.gc)
             except Exception:  # the monitor must survive anything one notebook does
                 log.exception("jupyter_pause: idle check failed")
 
@@ -651,10 +656,13 @@ class Orchestrator:
         for record in list(self.records.values()):
             if record.state not in RUNNING_STATES or record.kernel_id is None:
                 continue
-            rules = self.policy.for_kernelspec(record.kernel_name)
-            if not rules.auto_pause or rules.idle_minutes <= 0 or record.activity.busy:
+            if record.activity.busy or record.path in self._tasks:
                 continue  # a busy kernel is never auto-paused, however long it runs
             idle_for = now - max(record.activity.last_activity, record.started)
+            await self._checkpoint_before_cull(record, idle_for)
+            rules = self.policy.for_kernelspec(record.kernel_name)
+            if not rules.auto_pause or rules.idle_minutes <= 0:
+                continue
             running_for = now - record.started
             if (
                 idle_for >= rules.idle_minutes * 60
@@ -664,6 +672,18 @@ class Orchestrator:
                     await self.pause(record.path, reason=f"idle for {idle_for / 60:.0f} min")
                     paused.append(record.path)
         return paused
+
+    async def _checkpoint_before_cull(self, record: SessionRecord, idle_for: float) -> None:
+        """Save an idle kernel's state before jupyter-server's culler shuts it down."""
+        if not self.cull_idle_seconds or idle_for < 0.8 * self.cull_idle_seconds:
+            return
+        saved = record.timeline.last("checkpoint_written")
+        if saved is not None and saved.at >= record.activity.last_activity:
+            return  # nothing happened since the last checkpoint
+        async with self._lock(record.path):
+            if record.state in RUNNING_STATES and record.kernel_id is not None:
+                with contextlib.suppress(PauseError):
+                    await self._checkpoint(record, reason="before-cull", then=record.state)
 
     # -- timeline, status and collection ---------------------------------------------------------
     def timeline(self, record: SessionRecord) -> dict[str, Any]:

@@ -429,3 +429,19 @@ def test_disk_full_leaves_kernel_running_and_previous_intact(
         for kernel in kernels:  # their memory maps keep the mount busy
             kernel.close()
         subprocess.run(["umount", str(store)], check=True)
+
+
+def test_pause_without_a_server_and_unloading(start_kernel: KernelFactory) -> None:
+    kernel = start_kernel()
+    kernel.ok("%load_ext jupyter_pause")
+    out = kernel.run("%pause")
+    assert out.error is None and "no jupyter_pause server is watching this kernel" in out.stderr
+    kernel.ok("%checkpoint every 1h")
+    kernel.ok("%unload_ext jupyter_pause")
+    out = kernel.run("%checkpoint")
+    assert "Line magic function `%checkpoint` not found" in out.stderr  # the magic is gone
+    hooks = kernel.value(
+        "[getattr(cb, '__qualname__', '') for cbs in get_ipython().events.callbacks.values()"
+        " for cb in cbs if 'jupyter_pause' in getattr(cb, '__module__', '')]"
+    )
+    assert hooks == []

@@ -424,3 +424,34 @@ async def test_metrics_and_gc(server: Server) -> None:
     assert 'jupyter_pause_gpu_seconds{kind="released"}' in text
     code, gc = await server.call("POST", "gc")
     assert code == 200 and gc == {"removed": {}, "bytes_freed": 0}
+
+
+async def test_idle_kernels_are_checkpointed_before_the_culler_kills_them(server: Server) -> None:
+    # Given jupyter-server culling idle kernels (here: after 50 ms) and no pause policy
+    server.orchestrator.cull_idle_seconds = 0.05
+    kernel_id = await server.open_notebook("cull.ipynb")
+    await server.watched("cull.ipynb")
+    await server.run(kernel_id, "precious = [1, 2, 3]")
+    await asyncio.sleep(0.1)
+
+    # When the idle monitor runs, the state is saved while the kernel still lives
+    assert await server.orchestrator.check_idle() == []
+    _, listing = await server.call("GET", "checkpoints", "cull.ipynb")
+    assert [(c["id"], c["reason"]) for c in listing["checkpoints"]] == [(1, "before-cull")]
+    assert "precious" in listing["checkpoints"][0]["variables"]
+    # and not again while nothing happens
+    await server.orchestrator.check_idle()
+    _, listing = await server.call("GET", "checkpoints", "cull.ipynb")
+    assert len(listing["checkpoints"]) == 1
+
+
+def test_culling_before_the_pause_policy_is_warned_about(
+    jp_configurable_serverapp: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    jp_configurable_serverapp(
+        argv=["--MappingKernelManager.cull_idle_timeout=600", "--PauseApp.idle_pause_minutes=60"]
+    )
+    warning = capfd.readouterr().err
+    assert "cull_idle_timeout (600 s) culls idle kernels before the pause policy (3600 s)" in (
+        warning
+    )
