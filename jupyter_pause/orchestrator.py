@@ -26,8 +26,8 @@ from typing import Any
 
 from . import metrics
 from .backends.base import Backend, BackendError, SessionSpec
+from .formatting import format_bytes
 from .kernel import store as store_mod
-from .kernel.api import format_bytes
 from .kernel_bridge import KernelActivity, KernelBridge, KernelCallError
 from .policy import Policy
 from .timeline import Timeline

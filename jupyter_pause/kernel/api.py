@@ -21,6 +21,7 @@ from typing import Any
 from traitlets import Bool, Enum, Float, Int, Unicode, default
 from traitlets.config import Configurable
 
+from ..formatting import format_bytes
 from . import store as store_mod
 from .arrays import content_hash
 from .capture import rng_states, select_variables, set_rng_states
@@ -118,14 +119,6 @@ class CheckpointInfo:
 
 class CheckpointError(Exception):
     """A checkpoint or restore that did not happen; the message says why and what is intact."""
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
 
 
 def notebook_key() -> str:

@@ -9,7 +9,8 @@ from typing import Any
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .api import Checkpointer, CheckpointError, format_bytes
+from ..formatting import format_bytes
+from .api import Checkpointer, CheckpointError
 
 
 class _ProgressLine:

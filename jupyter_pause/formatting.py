@@ -1,0 +1,12 @@
+"""How sizes read in messages, the CLI and the magics (one place, one style)."""
+
+from __future__ import annotations
+
+
+def format_bytes(n: float) -> str:
+    """``702413312`` -> ``"702.4 MB"`` (decimal units, like disk vendors and `df -H`)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
