@@ -142,11 +142,15 @@ class KernelBridge:
         parent = msg.get("parent_header") or {}
         ours = parent.get("session") in self._own_sessions
         now = time.time()
-        if kind == "status" and parent.get("msg_type") == "execute_request" and not ours:
+        if kind == "status":
             state = msg["content"].get("execution_state")
-            if state == "busy" and not activity.busy:
+            execute = parent.get("msg_type") == "execute_request"
+            if state == "busy" and execute and not ours and not activity.busy:
                 activity.busy, activity.busy_since = True, now
-            elif state == "idle" and activity.busy:
+            elif state == "idle" and execute and activity.busy:
+                # The shell runs one execute request at a time: idle after any of them (ours
+                # too) means no cell is running, also when busy was only inferred at attach.
+                # (Control-channel requests, e.g. the debugger's, run beside a cell: ignored.)
                 activity.busy_seconds += now - (activity.busy_since or now)
                 activity.busy, activity.busy_since = False, None
                 activity.last_activity = now

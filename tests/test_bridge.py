@@ -1,0 +1,70 @@
+"""How the kernel watcher reads iopub: what counts as the user's activity and as busy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jupyter_pause.kernel_bridge import KernelActivity, KernelBridge
+
+
+def status(state: str, session: str, parent_type: str = "execute_request") -> dict[str, Any]:
+    return {
+        "msg_type": "status",
+        "content": {"execution_state": state},
+        "parent_header": {"session": session, "msg_type": parent_type},
+    }
+
+
+async def feed(bridge: KernelBridge, activity: KernelActivity, *messages: dict) -> list:
+    events: list = []
+
+    async def on_event(kind: str, data: dict) -> None:
+        events.append((kind, data))
+
+    for message in messages:
+        await bridge._on_iopub(message, activity, on_event)
+    return events
+
+
+async def test_our_requests_are_not_activity_but_end_an_inferred_busy() -> None:
+    bridge = KernelBridge(kernel_manager=None)
+    bridge._own_sessions.add("server")
+    activity = KernelActivity()
+    # Our own silent request: neither busy nor activity
+    await feed(bridge, activity, status("busy", "server"), status("idle", "server"))
+    assert not activity.busy and activity.last_activity == 0.0
+
+    # Attached while the kernel ran our restore: busy was inferred; our idle ends it
+    activity.busy, activity.busy_since = True, 1.0
+    await feed(bridge, activity, status("idle", "server"))
+    assert not activity.busy
+
+    # A user cell: busy until its idle, then activity with the time spent
+    await feed(bridge, activity, status("busy", "browser"))
+    assert activity.busy
+    # a debugger request on the control channel while the cell runs changes nothing
+    await feed(bridge, activity, status("idle", "browser", parent_type="debug_request"))
+    assert activity.busy
+    await feed(bridge, activity, status("idle", "browser"))
+    assert not activity.busy and activity.last_activity > 0 and activity.busy_seconds >= 0
+
+
+async def test_cells_and_pause_requests_are_reported() -> None:
+    bridge = KernelBridge(kernel_manager=None)
+    activity = KernelActivity()
+    events = await feed(
+        bridge,
+        activity,
+        {
+            "msg_type": "execute_input",
+            "content": {"execution_count": 7},
+            "parent_header": {"session": "browser"},
+        },
+        {
+            "msg_type": "jupyter_pause_request",
+            "content": {"action": "pause"},
+            "parent_header": {"session": "browser"},
+        },
+    )
+    assert events == [("cell", {"execution_count": 7}), ("request", {"action": "pause"})]
+    assert activity.execution_count == 7 and activity.cells_executed == 1
