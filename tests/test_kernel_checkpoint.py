@@ -317,8 +317,18 @@ def test_store_layout_permissions_and_retention(start_kernel: KernelFactory, sto
     folder = next(store.iterdir())
     manifests = sorted(p.name for p in (folder / "manifests").iterdir())
     assert manifests == ["000003.json", "000004.json"]
-    blobs = [p for p in (folder / "blobs").rglob("*") if p.is_file()]
-    assert len(blobs) == 2  # the data of checkpoints 1 and 2 was collected
+    data_files = {
+        p.relative_to(folder).as_posix()
+        for p in [*(folder / "blobs").rglob("*"), *(folder / "packs").rglob("*")]
+        if p.is_file()
+    }
+    referenced = {
+        loc["file"]
+        for name in manifests
+        for loc in json.loads((folder / "manifests" / name).read_text())["buffers"].values()
+    }
+    assert data_files == referenced  # the data of checkpoints 1 and 2 was collected
+    assert sum((folder / f).stat().st_size for f in data_files) < 2 * 8_000_000 + 200_000
     for path in [store, *store.rglob("*")]:
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode == (0o700 if path.is_dir() else 0o600), path

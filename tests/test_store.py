@@ -63,8 +63,41 @@ def test_retention_by_count_age_and_bytes(tmp_path: Path) -> None:
     path4.write_text(json.dumps(manifest4))
     assert cp.store.apply_retention(keep_last=0, max_age_seconds=3600) == [3]
     assert cp.store.checkpoint_ids() == [4]
-    blobs = [p for p in (cp.store.path / "blobs").rglob("*") if p.is_file()]
-    assert len(blobs) == 1
+    assert data_bytes(cp) < 2_400_000 + 100_000  # only checkpoint 4's data is left
+
+
+def data_files(cp: Checkpointer) -> list[Path]:
+    folders = (cp.store.path / "blobs", cp.store.path / "packs")
+    return [p for folder in folders for p in folder.rglob("*") if p.is_file()]
+
+
+def data_bytes(cp: Checkpointer) -> int:
+    return sum(p.stat().st_size for p in data_files(cp))
+
+
+def test_large_buffers_get_files_and_mostly_dead_packs_are_compacted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_mod, "LARGE_BUFFER_BYTES", 4_000_000)
+    ns = {"static": np.full(125_000, 7.0), "moving": np.zeros(375_000), "huge": np.ones(600_000)}
+    cp = make(tmp_path, ns, keep_last=2)
+    cp.checkpoint()  # pack 1: static (1 MB) + moving (3 MB); huge (4.8 MB) has its own file
+    assert len(list((cp.store.path / "blobs").rglob("*.*"))) == 0
+    assert len([p for p in (cp.store.path / "blobs").rglob("*") if p.is_file()]) == 1
+    for step in (1, 2):
+        ns["moving"] = np.full(375_000, float(step))
+        cp.checkpoint()
+    # checkpoint 1 retired: pack 1 was 25% live (static), so static moved to a compact pack
+    packs = sorted(p.name for p in (cp.store.path / "packs").iterdir())
+    assert not any(name.startswith("000001-") and "compact" not in name for name in packs)
+    assert any("compact" in name for name in packs)
+    assert data_bytes(cp) < 4_800_000 + 1_000_000 + 2 * 3_000_000 + 200_000
+    for checkpoint_id, moving in ((2, 1.0), (3, 2.0)):
+        out: dict = {}
+        make(tmp_path, out).restore(checkpoint_id)
+        assert (
+            out["static"][0] == 7.0 and out["moving"][-1] == moving and out["huge"].sum() == 600_000
+        )
 
 
 def test_write_failure_leaves_previous_checkpoint_and_no_partial_files(tmp_path: Path) -> None:
@@ -105,7 +138,7 @@ def test_damaged_data_is_detected_on_restore(tmp_path: Path) -> None:
     ns = {"a": np.arange(1_000_000)}
     cp = make(tmp_path, ns)
     cp.checkpoint()
-    blob = next(p for p in (cp.store.path / "blobs").rglob("*") if p.is_file())
+    blob = max(data_files(cp), key=lambda p: p.stat().st_size)
     raw = bytearray(blob.read_bytes())
     raw[100] ^= 0xFF
     blob.chmod(0o600)

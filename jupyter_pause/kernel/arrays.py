@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,9 +55,10 @@ class Storage:
 class Describer:
     """Turns live tensors/arrays into manifest records, collecting the storages they view."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_new: Callable[[Storage], None] | None = None) -> None:
         self.storages: dict[tuple[str, int], Storage] = {}
         self._keepalive: list[Any] = []  # host copies of device storages, until written
+        self._on_new = on_new  # lets the caller start writing while the rest is still pickled
 
     def _storage(self, device: str, ptr: int, nbytes: int, owner: Any, data_fn: Any) -> str:
         ident = (device, ptr)
@@ -65,6 +67,8 @@ class Describer:
             key = found.key if found else f"s{len(self.storages)}"
             found = Storage(key, data_fn(), owner, device)
             self.storages[ident] = found
+            if self._on_new is not None:
+                self._on_new(found)
         return found.key
 
     def describe(self, obj: Any) -> dict[str, Any] | None:

@@ -26,7 +26,7 @@ from typing import Any
 
 import cloudpickle
 
-from .arrays import Describer, Rebuilder, external_types
+from .arrays import Describer, Rebuilder, Storage, external_types
 
 PROTOCOL = 5
 
@@ -122,6 +122,15 @@ class _FramePickler(cloudpickle.Pickler):
             self.depends.add(name)
             return ("v", name)
         return None
+
+
+def _holds_buffers(value: Any) -> bool:
+    """Cheap guess: tensors, arrays, modules, optimizers and frames hold big buffers."""
+    kind = type(value)
+    module = kind.__module__
+    if module.startswith(("torch", "numpy", "pandas")):
+        return True
+    return any(base.__module__.startswith("torch.") for base in kind.__mro__[1:])
 
 
 def _worth_external(obj: Any) -> bool:
@@ -220,9 +229,14 @@ class Snapshotter:
         previous: dict[str, dict[str, Any]],
         clean: Callable[[str], bool],
         hash_frame: Callable[[bytes], str],
+        on_storage: Callable[[Storage], None] | None = None,
     ) -> Capture:
-        """``previous``: the last manifest's frame records by name; ``clean(name)``: unchanged since."""
-        result = Capture()
+        """``previous``: the last manifest's frame records by name; ``clean(name)``: unchanged since.
+
+        ``on_storage`` sees each tensor/array buffer as soon as a frame reveals it, so it can be
+        written while the remaining variables are pickled.
+        """
+        result = Capture(describer=Describer(on_storage))
         externals = external_types()
         first_name: dict[int, str] = {}
         for name, value in values.items():
@@ -233,18 +247,23 @@ class Snapshotter:
         others = {ident: name for ident, name in first_name.items()}
         pickled: dict[str, tuple[bytes, dict[str, Any], set[str]]] = {}
         reused: dict[str, dict[str, Any]] = {}
-        for name, value in values.items():
+        # Buffer-rich values first: their buffers start being written while the rest pickles.
+        for name in sorted(values, key=lambda n: not _holds_buffers(values[n])):
+            value = values[name]
             if name in result.aliases:
                 continue
             result.types[name] = type_name(value)
             record = previous.get(name)
             if record is not None and clean(name) and self._still_valid(record, values):
                 reused[name] = record
+                self._describe_all(record["arrays"], result)
                 continue
             try:
                 pickled[name] = pickle_frame([name], [value], others, externals, self.keys)
             except Exception as err:  # any pickling failure skips this variable, with why
                 result.skipped[name] = describe_error(err)
+                continue
+            self._describe_all(pickled[name][1], result)
         # Variables that depend on a skipped one cannot be rebuilt faithfully: skip them too.
         self._drop_dependents(pickled, reused, result.skipped)
         graph = {name: set(p[2]) for name, p in pickled.items()}
@@ -267,10 +286,10 @@ class Snapshotter:
                     result.skipped[name] = describe_error(err)
                 continue
             result.frames.append(self._new_frame(group, data, arrays, depends, hash_frame))
-        for frame in result.frames:
-            for key in frame.arrays:
-                if key not in result.objects:
-                    self._describe(key, result)
+        # Keep only what the final frames reference (a dropped dependent's arrays go).
+        referenced = {key for frame in result.frames for key in frame.arrays}
+        self._describe_all(referenced, result)
+        result.objects = {k: v for k, v in result.objects.items() if k in referenced}
         for alias, owner in list(result.aliases.items()):
             if owner in result.skipped:
                 result.skipped[alias] = f"same object as {owner}, which " + result.skipped[owner]
@@ -304,12 +323,14 @@ class Snapshotter:
     ) -> Frame:
         return Frame(names, data, hash_frame(data), sorted(arrays), sorted(depends), len(data))
 
-    def _describe(self, key: str, result: Capture) -> None:
-        obj = self.keys.lookup(key)
-        record = result.describer.describe(obj)
-        if record is None:  # cannot happen for keys handed out by the pickler; guard anyway
-            raise RuntimeError(f"object {key} changed type during the checkpoint")
-        result.objects[key] = record
+    def _describe_all(self, keys: Iterable[str], result: Capture) -> None:
+        for key in keys:
+            if key in result.objects:
+                continue
+            record = result.describer.describe(self.keys.lookup(key))
+            if record is None:  # cannot happen for keys handed out by the pickler; guard anyway
+                raise RuntimeError(f"object {key} changed type during the checkpoint")
+            result.objects[key] = record
 
     @staticmethod
     def _drop_dependents(
@@ -376,6 +397,11 @@ class StateLoader:
         data = self._read_buffer(digest)
         owner = self._storage_owner.setdefault(digest, key)
         return data if owner == key else memoryview(bytearray(data))
+
+    def buffer_count(self, name: str) -> int:
+        """How many tensors/arrays a variable's frame references (0 for unknown names)."""
+        frame = self._group_of.get(name)
+        return len(frame["arrays"]) if frame else 0
 
     def names(self) -> list[str]:
         return sorted([*self._group_of, *self.manifest.get("aliases", {})])
