@@ -292,6 +292,10 @@ class Checkpointer(Configurable):
         intent.write_text(json.dumps({"started": time.time()}))
         writer = store.begin(checkpoint_id, known)
         background = _BufferWriter(writer, progress)
+        # The writer thread needs the GIL back after every write; the default 5 ms switch
+        # interval would idle the disk that long per buffer while the main thread pickles.
+        switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(0.0002)
         try:
             try:
                 capture = self._snapshotter.capture(
@@ -303,6 +307,7 @@ class Checkpointer(Configurable):
                 )
             finally:
                 storages = background.finish()
+                sys.setswitchinterval(switch_interval)
             skipped.update(capture.skipped)
             frames = []
             for frame in capture.frames:
