@@ -38,14 +38,16 @@ $(SETUP_STAMP): pyproject.toml package.json
 lab: setup
 	$(JUPYTER) lab --ServerApp.root_dir=examples $(ALLOW_ROOT) $(LAB_ARGS) examples/demo.ipynb
 
-# Runs every check (Python and TypeScript linters, jest, pytest), then exits non-zero if any
-# failed: with pytest's own exit status when pytest failed.
+# Runs every check (Python and TypeScript linters, jest, the galata ui-tests in Debian's
+# chromium, pytest), then exits non-zero if any failed: with pytest's own exit status when
+# pytest failed.
 test: $(SETUP_STAMP)
 	@status=0; \
 	$(BIN)/ruff check . || status=1; \
 	$(BIN)/ruff format --check . || status=1; \
 	$(JLPM) lint:check || status=1; \
 	$(JLPM) test || status=1; \
+	(cd ui-tests && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(JLPM) install && $(JLPM) playwright test) || status=1; \
 	$(BIN)/pytest -p no:cacheprovider; pytest_status=$$?; \
 	if [ $$pytest_status -ne 0 ]; then exit $$pytest_status; fi; \
 	exit $$status

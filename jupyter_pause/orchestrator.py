@@ -232,12 +232,21 @@ class Orchestrator:
 
     # -- discovering kernels ---------------------------------------------------------------------
     async def sync_sessions(self) -> None:
-        """Match jupyter-server's notebook sessions with our records; watch new kernels."""
+        """Match jupyter-server's notebook sessions with our records; watch new kernels.
+
+        Follows renames (a session keeps its kernel under a new path) and notices kernels
+        that ended outside a pause (shut down, culled, notebook deleted): what they held is
+        given back to the pool.
+        """
         sessions = await self.session_manager.list_sessions()
+        by_kernel = {r.kernel_id: r for r in self.records.values() if r.kernel_id}
         for model in sessions:
             path, kernel = model.get("path"), model.get("kernel") or {}
             if not path or not kernel.get("id"):
                 continue
+            moved = by_kernel.get(kernel["id"])
+            if moved is not None and moved.path != path and path not in self._tasks:
+                self._rename(moved, path)
             record = self.records.get(path)
             if record is None:
                 record = SessionRecord(path, self.notebook_key(path))
@@ -247,6 +256,44 @@ class Orchestrator:
             if path in self._tasks and record.state in IN_FLIGHT_STATES:
                 continue  # our own resume is starting this kernel
             await self._attach(record, kernel["id"], kernel.get("name") or record.kernel_name)
+        for record in list(self.records.values()):
+            gone = (
+                record.kernel_id is not None and record.kernel_id not in self.bridge.kernel_manager
+            )
+            if gone and record.path not in self._tasks:
+                await self._kernel_ended(record)
+
+    def _rename(self, record: SessionRecord, path: str) -> None:
+        """The notebook was renamed while its kernel ran: the session (and its GPU) moves."""
+        old = record.path
+        self.records.pop(old, None)
+        record.path, record.key = path, self.notebook_key(path)
+        self.records[path] = record
+        self.backend.rename(old, path)
+        self._save(record)
+
+    async def _kernel_ended(self, record: SessionRecord) -> None:
+        """A kernel ended without a pause: release what it held, keep what it saved."""
+        watcher = self._watchers.pop(record.kernel_id or "", None)
+        if watcher:
+            watcher.cancel()
+        await self.backend.release(self._spec(record))
+        if record.gpus:
+            record.timeline.add("gpu_released", measured=False, gpus=record.gpus)
+        record.timeline.add("kernel_stopped")
+        record.busy_seconds_before = record.busy_seconds()
+        record.activity = KernelActivity()
+        record.kernel_id, record.gpus = None, []
+        if self._latest_checkpoint(record) is None:
+            self._save(record)
+            self.records.pop(record.path, None)
+            return
+        self._set(
+            record,
+            "paused",
+            "The kernel ended outside jupyter_pause (shut down or culled)."
+            + self._intact_text(record),
+        )
 
     async def _attach(self, record: SessionRecord, kernel_id: str, kernel_name: str) -> None:
         old = record.kernel_id

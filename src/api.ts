@@ -3,6 +3,75 @@ import { ServerConnection } from '@jupyterlab/services';
 import { requestAPI } from './request';
 
 /**
+ * Accelerators of the backend, as answered in `status.resources`.
+ */
+export interface IResources {
+  /**
+   * Backend name (e.g. `local`).
+   */
+  backend: string;
+  /**
+   * Accelerators the backend may hand out.
+   */
+  gpus_total: number;
+  /**
+   * Accelerators free now.
+   */
+  gpus_free: number;
+  /**
+   * Notebook paths waiting for an accelerator, first served first.
+   */
+  queue: string[];
+  /**
+   * Backend-specific details.
+   */
+  details: Record<string, unknown>;
+}
+
+/**
+ * The admin's effective pause policy, as answered in `status.policy`.
+ */
+export interface IPolicy {
+  /**
+   * Minutes without activity before a notebook is paused; 0: never.
+   */
+  idle_pause_minutes: number;
+  /**
+   * A session is never paused automatically before it ran this long (minutes).
+   */
+  min_running_minutes: number;
+  /**
+   * How long a pause of a busy kernel waits for the cell to finish (seconds).
+   */
+  busy_wait_seconds: number;
+  /**
+   * GPUs each kernel holds while it runs.
+   */
+  gpus_per_kernel: number;
+  /**
+   * Checkpoints kept per notebook.
+   */
+  keep_last: number;
+  /**
+   * Checkpoints older than this are deleted (hours); 0: no limit.
+   */
+  max_age_hours: number;
+  /**
+   * Storage allowed per notebook (bytes); 0: no limit.
+   */
+  max_bytes: number;
+  /**
+   * What happens to variables not marked for saving (e.g. `all`).
+   */
+  save_unmarked: string;
+  /**
+   * Per-kernelspec overrides of the policy.
+   */
+  kernelspec_overrides: Record<string, Record<string, unknown>>;
+  [key: string]: unknown;
+}
+
+/**
  * The JSON answered by `GET /jupyter-pause/status`.
  */
 export interface IStatus {
@@ -14,13 +83,244 @@ export interface IStatus {
    * Name of the backend that pauses and resumes kernels (e.g. `local`).
    */
   backend: string;
+  /**
+   * Accelerators and the waiting queue.
+   */
+  resources?: IResources;
+  /**
+   * The admin's effective policy.
+   */
+  policy?: IPolicy;
+}
+
+/**
+ * The states a notebook session goes through.
+ */
+export type SessionState =
+  | 'active'
+  | 'checkpointing'
+  | 'pausing'
+  | 'paused'
+  | 'resuming'
+  | 'waiting-for-resources'
+  | 'restoring'
+  | 'ready'
+  | 'failed';
+
+/**
+ * Progress of a checkpoint or a restore.
+ */
+export interface IProgress {
+  /**
+   * What is being done (e.g. `writing`, `starting kernel`).
+   */
+  phase: string;
+  /**
+   * Units done so far.
+   */
+  done: number;
+  /**
+   * Units in all; 0 when unknown.
+   */
+  total: number;
+}
+
+/**
+ * What a restore from files brought back.
+ */
+export interface IRestoreResult {
+  /**
+   * The checkpoint that was restored.
+   */
+  checkpoint_id: string;
+  /**
+   * Names restored.
+   */
+  restored: string[];
+  /**
+   * Names saved but not restored, with the reason.
+   */
+  failed: Record<string, string>;
+  /**
+   * Names skipped when the checkpoint was written, with the reason.
+   */
+  not_saved: Record<string, string>;
+  /**
+   * Other things the user should know.
+   */
+  warnings: string[];
+  /**
+   * Time the restore took.
+   */
+  seconds: number;
+  /**
+   * Bytes read from storage.
+   */
+  bytes_read: number;
+}
+
+/**
+ * An error of the last pause or resume, with how to recover.
+ */
+export interface ISessionError {
+  /**
+   * What failed.
+   */
+  what: string;
+  /**
+   * What the user can do about it.
+   */
+  recovery: string;
+}
+
+/**
+ * The latest checkpoint of a session.
+ */
+export interface ICheckpointInfo {
+  /**
+   * Checkpoint id.
+   */
+  id: string;
+  /**
+   * Creation time (epoch seconds).
+   */
+  created: number;
+  /**
+   * Size in bytes.
+   */
+  bytes: number;
+  [key: string]: unknown;
+}
+
+/**
+ * The JSON answered by `GET /jupyter-pause/sessions/<path>`.
+ */
+export interface ISession {
+  path: string;
+  key: string;
+  state: SessionState;
+  message: string;
+  /**
+   * When the session entered its state (epoch seconds).
+   */
+  since: number;
+  kernel_id: string | null;
+  kernel_name: string;
+  gpus: number[];
+  gpus_needed: number;
+  progress: IProgress | null;
+  how: 'live' | 'files' | null;
+  restore: IRestoreResult | null;
+  error: ISessionError | null;
+  checkpoint: ICheckpointInfo | null;
+  queue_position: number | null;
+  busy: boolean;
+  busy_since: number | null;
+  execution_count: number | null;
+  last_activity: number | null;
+  watching: boolean;
+}
+
+/**
+ * The JSON answered by `POST /jupyter-pause/checkpoint/<path>`.
+ */
+export interface ICheckpointResponse {
+  result: {
+    checkpoint_id: string;
+    saved: string[];
+    skipped: Record<string, string>;
+    bytes_written: number;
+    bytes_reused: number;
+    bytes_total: number;
+    seconds: number;
+  };
+  session: ISession;
+}
+
+/**
+ * One event of a session's timeline.
+ */
+export interface ITimelineEvent {
+  /**
+   * Event kind, e.g. `pause_requested`.
+   */
+  kind: string;
+  /**
+   * When it happened (epoch seconds).
+   */
+  at: number;
+  /**
+   * Event details.
+   */
+  data: Record<string, any>;
+}
+
+/**
+ * GPU-seconds and latencies of a session.
+ */
+export interface IAccounting {
+  gpus: number;
+  gpu_seconds_allocated: number;
+  gpu_seconds_active: number;
+  gpu_seconds_released: number;
+  pauses: number;
+  resumes: number;
+  last_resume_to_ready_seconds: number | null;
+  last_resume_to_next_cell_seconds: number | null;
+  bytes_saved: number;
+}
+
+/**
+ * The JSON answered by `GET /jupyter-pause/timeline/<path>`.
+ */
+export interface ITimeline {
+  path: string;
+  state: SessionState;
+  events: ITimelineEvent[];
+  accounting: IAccounting;
+}
+
+/**
+ * Whether the server side answers: `ok`, `missing` (the server extension is
+ * not installed: 404 on `status`) or `unreachable` (no answer at all).
+ */
+export type ServerAvailability = 'unknown' | 'ok' | 'missing' | 'unreachable';
+
+/**
+ * Encode a notebook path for the URL: each segment on its own.
+ *
+ * @param path Notebook path relative to the server root.
+ * @returns The encoded path.
+ */
+export function encodePath(path: string): string {
+  return path
+    .split('/')
+    .filter(segment => segment.length > 0)
+    .map(encodeURIComponent)
+    .join('/');
+}
+
+/**
+ * The message of an error thrown by the REST calls, in words for the user.
+ *
+ * @param error The error.
+ * @returns Its message.
+ */
+export function errorMessage(error: unknown): string {
+  if (error instanceof ServerConnection.ResponseError) {
+    return error.message || `HTTP ${error.response.status}`;
+  }
+  if (error instanceof ServerConnection.NetworkError) {
+    return 'the server cannot be reached';
+  }
+  return error instanceof Error ? error.message : String(error);
 }
 
 /**
  * A typed client for the jupyter_pause REST API.
  *
  * It remembers whether the server extension answered, so the rest of the
- * frontend can hide its UI when the server side is not installed.
+ * frontend can disable its UI when the server side is missing or down.
  */
 export class PauseClient {
   /**
@@ -46,11 +346,7 @@ export class PauseClient {
    */
   async getStatus(): Promise<IStatus | null> {
     try {
-      const status = await requestAPI<IStatus>(
-        'status',
-        { method: 'GET' },
-        this._serverSettings
-      );
+      const status = await this._request<IStatus>('status', 'GET');
       this._serverAvailable = true;
       return status;
     } catch (error) {
@@ -67,6 +363,85 @@ export class PauseClient {
       }
       throw error;
     }
+  }
+
+  /**
+   * Fetch the pause state of one notebook.
+   *
+   * @param path Notebook path relative to the server root.
+   * @returns The session, or `null` when the notebook has no kernel and no checkpoint (404).
+   */
+  async getSession(path: string): Promise<ISession | null> {
+    try {
+      return await this._request<ISession>(
+        `sessions/${encodePath(path)}`,
+        'GET'
+      );
+    } catch (error) {
+      if (
+        error instanceof ServerConnection.ResponseError &&
+        error.response.status === 404
+      ) {
+        return null;
+      }
+      throw error;
+    }
+  }
+
+  /**
+   * Start pausing a notebook (answers at once; follow the session's state).
+   *
+   * @param path Notebook path relative to the server root.
+   * @returns The session.
+   */
+  pause(path: string): Promise<ISession> {
+    return this._request<ISession>(`pause/${encodePath(path)}`, 'POST');
+  }
+
+  /**
+   * Start resuming a notebook, or join the resume in flight.
+   *
+   * @param path Notebook path relative to the server root.
+   * @returns The session.
+   */
+  resume(path: string): Promise<ISession> {
+    return this._request<ISession>(`resume/${encodePath(path)}`, 'POST');
+  }
+
+  /**
+   * Write a checkpoint of a running notebook now.
+   *
+   * @param path Notebook path relative to the server root.
+   * @returns What was saved, and the session.
+   */
+  checkpoint(path: string): Promise<ICheckpointResponse> {
+    return this._request<ICheckpointResponse>(
+      `checkpoint/${encodePath(path)}`,
+      'POST'
+    );
+  }
+
+  /**
+   * Fetch the timeline and GPU accounting of a notebook.
+   *
+   * @param path Notebook path relative to the server root.
+   * @returns The timeline.
+   */
+  getTimeline(path: string): Promise<ITimeline> {
+    return this._request<ITimeline>(`timeline/${encodePath(path)}`, 'GET');
+  }
+
+  /**
+   * Tell the server the user edited the notebook (activity for the idle policy).
+   *
+   * @param path Notebook path relative to the server root.
+   */
+  async noteActivity(path: string): Promise<void> {
+    await this._request<unknown>(`activity/${encodePath(path)}`, 'POST');
+  }
+
+  private _request<T>(endPoint: string, method: string): Promise<T> {
+    return requestAPI<T>(endPoint, { method }, this._serverSettings);
   }
 
   private _warnOnce(message: string): void {

@@ -1,38 +1,156 @@
 import {
+  ILayoutRestorer,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
+import {
+  ICommandPalette,
+  IToolbarWidgetRegistry,
+  MainAreaWidget,
+  WidgetTracker
+} from '@jupyterlab/apputils';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
+import { IStatusBar } from '@jupyterlab/statusbar';
 
-import { PauseClient } from './api';
+import { PauseChip } from './chip';
+import { CommandIDs, addCommands } from './commands';
+import { DEFAULT_SETTINGS, IPauseSettings, PauseManager } from './model';
+import { PauseStatusItem } from './statusbar';
+import { TimelinePanel } from './timeline';
+import { IPauseManager } from './tokens';
+
+export { CommandIDs } from './commands';
+export { IPauseManager } from './tokens';
 
 /**
- * The jupyter-pause plugin: loads the user preferences and checks that the
- * server extension answers. It shows nothing yet.
+ * Name of the status chip in the notebook toolbar (see `schema/plugin.json`).
  */
-const plugin: JupyterFrontEndPlugin<void> = {
+const CHIP_TOOLBAR_ITEM = 'jupyter-pause-status';
+
+/**
+ * The core plugin: the manager, the commands, the toolbar chip and the
+ * timeline panel.
+ */
+const plugin: JupyterFrontEndPlugin<PauseManager> = {
   id: 'jupyter-pause:plugin',
   description:
     'Pause a notebook to storage, free its hardware, and resume it later.',
   autoStart: true,
-  optional: [ISettingRegistry],
-  activate: async (
+  provides: IPauseManager,
+  requires: [INotebookTracker],
+  optional: [
+    ISettingRegistry,
+    IToolbarWidgetRegistry,
+    ICommandPalette,
+    ILayoutRestorer
+  ],
+  activate: (
     app: JupyterFrontEnd,
-    settingRegistry: ISettingRegistry | null
-  ): Promise<void> => {
-    const client = new PauseClient(app.serviceManager.serverSettings);
-    const settingsLoaded = settingRegistry
-      ? settingRegistry.load(plugin.id).catch(error => {
-          console.error('jupyter-pause: failed to load settings.', error);
-          return null;
+    tracker: INotebookTracker,
+    settingRegistry: ISettingRegistry | null,
+    toolbarRegistry: IToolbarWidgetRegistry | null,
+    palette: ICommandPalette | null,
+    restorer: ILayoutRestorer | null
+  ): PauseManager => {
+    const manager = new PauseManager(
+      app.serviceManager.serverSettings,
+      app.serviceManager.sessions
+    );
+    void manager.checkServer();
+
+    if (settingRegistry) {
+      settingRegistry
+        .load(plugin.id)
+        .then(settings => {
+          const update = () => {
+            manager.settings = {
+              ...DEFAULT_SETTINGS,
+              ...(settings.composite as Partial<IPauseSettings>)
+            };
+          };
+          update();
+          settings.changed.connect(update);
         })
-      : Promise.resolve(null);
-    const statusChecked = client.getStatus().catch(error => {
-      console.error('jupyter-pause: the status request failed.', error);
-      return null;
+        .catch(error => {
+          console.error('jupyter-pause: failed to load settings.', error);
+        });
+    }
+
+    const timelines = new WidgetTracker<MainAreaWidget<TimelinePanel>>({
+      namespace: 'jupyter-pause-timeline'
     });
-    await Promise.all([settingsLoaded, statusChecked]);
+    if (restorer) {
+      void restorer.restore(timelines, {
+        command: CommandIDs.timeline,
+        args: widget => ({ path: widget.content.path }),
+        name: widget => widget.content.path
+      });
+    }
+
+    addCommands(app, manager, tracker, timelines);
+
+    if (toolbarRegistry) {
+      toolbarRegistry.addFactory<NotebookPanel>(
+        'Notebook',
+        CHIP_TOOLBAR_ITEM,
+        panel =>
+          new PauseChip(manager.modelFor(panel), app.commands, {
+            resume: CommandIDs.resume,
+            timeline: CommandIDs.timeline
+          })
+      );
+    }
+    // Track every notebook (activity reports, reconnection after a resume),
+    // whether or not its toolbar shows the chip.
+    tracker.widgetAdded.connect((_, panel) => {
+      manager.modelFor(panel);
+    });
+
+    if (palette) {
+      const category = 'Notebook Pause';
+      for (const command of [
+        CommandIDs.pause,
+        CommandIDs.resume,
+        CommandIDs.checkpoint,
+        CommandIDs.timeline
+      ]) {
+        palette.addItem({ command, category });
+      }
+    }
+    return manager;
   }
 };
 
-export default plugin;
+/**
+ * The status bar item: the pause state of the current notebook.
+ */
+const statusBarPlugin: JupyterFrontEndPlugin<void> = {
+  id: 'jupyter-pause:status-bar',
+  description:
+    'Shows the pause state of the current notebook in the status bar.',
+  autoStart: true,
+  requires: [IPauseManager, INotebookTracker, IStatusBar],
+  activate: (
+    app: JupyterFrontEnd,
+    manager: PauseManager,
+    tracker: INotebookTracker,
+    statusBar: IStatusBar
+  ): void => {
+    const item = new PauseStatusItem(manager, tracker);
+    item.node.addEventListener('click', () => {
+      void app.commands.execute(CommandIDs.timeline);
+    });
+    const changed = manager.changed;
+    statusBar.registerStatusItem(statusBarPlugin.id, {
+      item,
+      align: 'left',
+      rank: 4,
+      isActive: () =>
+        manager.settings.showStatusBarItem && tracker.currentWidget !== null,
+      activeStateChanged: changed
+    });
+  }
+};
+
+export default [plugin, statusBarPlugin];

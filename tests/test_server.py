@@ -455,3 +455,50 @@ def test_culling_before_the_pause_policy_is_warned_about(
     assert "cull_idle_timeout (600 s) culls idle kernels before the pause policy (3600 s)" in (
         warning
     )
+
+
+async def test_a_renamed_notebook_keeps_its_gpu_and_gives_it_back(server: Server) -> None:
+    # Given a notebook holding the only GPU
+    kernel_id = await server.open_notebook("Untitled.ipynb")
+    await server.run(kernel_id, "w = 1")
+    _, record = await server.call("GET", "sessions", "Untitled.ipynb")
+    assert record["gpus"] == [0]
+    sessions = json.loads((await server.fetch("api", "sessions")).body)
+
+    # When it is renamed while the kernel runs (what JupyterLab does on rename)
+    await server.fetch(
+        "api",
+        "sessions",
+        sessions[0]["id"],
+        method="PATCH",
+        body=json.dumps({"path": "flow.ipynb", "name": "flow.ipynb"}),
+    )
+
+    # Then the session and its GPU follow the new name, and a pause frees the GPU
+    _, record = await server.call("GET", "sessions", "flow.ipynb")
+    assert record["kernel_id"] == kernel_id and record["gpus"] == [0]
+    assert (await server.error("GET", "sessions", "Untitled.ipynb"))[0] == 404
+    await pause_and_wait(server, "flow.ipynb")
+    _, status = await server.call("GET", "status")
+    assert status["resources"]["gpus_free"] == 1
+
+
+async def test_a_kernel_shut_down_outside_a_pause_gives_its_gpu_back(server: Server) -> None:
+    kernel_id = await server.open_notebook("gone.ipynb")
+    await server.run(kernel_id, "v = 2")
+    code, _ = await server.call("POST", "checkpoint", "gone.ipynb")
+    assert code == 200
+    sessions = json.loads((await server.fetch("api", "sessions")).body)
+    await server.fetch("api", "sessions", sessions[0]["id"], method="DELETE")
+
+    _, status = await server.call("GET", "status")
+    await server.call("GET", "sessions")  # any look at the sessions notices the end
+    _, status = await server.call("GET", "status")
+    assert status["resources"]["gpus_free"] == 1
+    _, record = await server.call("GET", "sessions", "gone.ipynb")
+    assert record["state"] == "paused" and record["kernel_id"] is None
+    assert "ended outside jupyter_pause" in record["message"]
+    # and it can be resumed from its checkpoint
+    await server.call("POST", "resume", "gone.ipynb")
+    ready = await server.wait_state("gone.ipynb", "ready", "failed")
+    assert await server.run(ready["kernel_id"], "print(v)") == "2\n"

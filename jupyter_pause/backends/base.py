@@ -106,3 +106,6 @@ class Backend(abc.ABC):
     def adopt(self, session: SessionSpec) -> list[int]:
         """A running kernel was found (started outside a resume): account for what it holds."""
         return []
+
+    def rename(self, old_path: str, new_path: str) -> None:  # noqa: B027 - optional hook
+        """A notebook was renamed while its kernel ran: what it holds moves with it."""

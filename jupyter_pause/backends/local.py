@@ -119,6 +119,10 @@ class GpuPool:
             return self.holders.get(path, [])
         return self._grant(path, min(count, len(self.free)))
 
+    def rename(self, old_path: str, new_path: str) -> None:
+        if old_path in self.holders:
+            self.holders[new_path] = self.holders.pop(old_path)
+
     def release(self, path: str) -> None:
         released = self.holders.pop(path, [])
         self.free = sorted(self.free + released)
@@ -157,6 +161,9 @@ class LocalBackend(Backend):
 
     def adopt(self, session: SessionSpec) -> list[int]:
         return self.pool.adopt(session.path, session.gpus)
+
+    def rename(self, old_path: str, new_path: str) -> None:
+        self.pool.rename(old_path, new_path)
 
     async def stop(self, session: SessionSpec) -> StopOutcome:
         kernel_id = session.kernel_id

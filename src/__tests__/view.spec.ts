@@ -1,0 +1,353 @@
+import { ISession } from '../api';
+import {
+  formatBytes,
+  formatClock,
+  formatDuration,
+  inFlight,
+  percent,
+  sessionView,
+  skippedSummary
+} from '../view';
+
+/** A session JSON as the server answers it, with `fields` replaced. */
+function session(fields: Partial<ISession> = {}): ISession {
+  return {
+    path: 'work/model.ipynb',
+    key: '/home/u/work/model.ipynb',
+    state: 'active',
+    message: '',
+    since: new Date(2025, 0, 2, 18, 2, 30).getTime() / 1000,
+    kernel_id: 'k1',
+    kernel_name: 'python3',
+    gpus: [0],
+    gpus_needed: 1,
+    progress: null,
+    how: null,
+    restore: null,
+    error: null,
+    checkpoint: null,
+    queue_position: null,
+    busy: false,
+    busy_since: null,
+    execution_count: 3,
+    last_activity: null,
+    watching: true,
+    ...fields
+  };
+}
+
+const restore = {
+  checkpoint_id: '20250102-180200',
+  restored: Array.from({ length: 12 }, (_, i) => `v${i}`),
+  failed: {},
+  not_saved: {},
+  warnings: [],
+  seconds: 2.5,
+  bytes_read: 3_100_000_000
+};
+
+describe('formatBytes', () => {
+  it.each([
+    [0, '0 B'],
+    [999, '999 B'],
+    [1000, '1.0 KB'],
+    [1536, '1.5 KB'],
+    [3_100_000_000, '3.1 GB'],
+    [12_000_000_000_000, '12000.0 GB']
+  ])('formats %d as %s', (bytes, text) => {
+    expect(formatBytes(bytes)).toBe(text);
+  });
+});
+
+describe('formatDuration', () => {
+  it.each([
+    [4.21, '4.2 s'],
+    [42, '42 s'],
+    [185, '3 min 5 s'],
+    [120, '2 min'],
+    [7800, '2 h 10 min'],
+    [3600, '1 h']
+  ])('formats %d s as %s', (seconds, text) => {
+    expect(formatDuration(seconds)).toBe(text);
+  });
+});
+
+describe('formatClock', () => {
+  it('shows local hours and minutes, zero-padded', () => {
+    expect(formatClock(new Date(2025, 0, 2, 8, 5).getTime() / 1000)).toBe(
+      '08:05'
+    );
+  });
+});
+
+describe('percent', () => {
+  it('floors done/total to an integer percentage', () => {
+    expect(percent({ phase: 'writing', done: 42, total: 100 })).toBe(42);
+    expect(percent({ phase: 'writing', done: 2, total: 3 })).toBe(66);
+  });
+
+  it('is null when the total is unknown', () => {
+    expect(percent({ phase: 'starting', done: 0, total: 0 })).toBeNull();
+    expect(percent(null)).toBeNull();
+  });
+
+  it('clamps to 0..100', () => {
+    expect(percent({ phase: 'x', done: 7, total: 5 })).toBe(100);
+    expect(percent({ phase: 'x', done: -1, total: 5 })).toBe(0);
+  });
+});
+
+describe('sessionView', () => {
+  it('active: can pause and checkpoint', () => {
+    const view = sessionView(session());
+    expect(view.label).toBe('Active');
+    expect(view.tone).toBe('neutral');
+    expect(view.busy).toBe(false);
+    expect(view.action).toBeNull();
+    expect(view).toMatchObject({
+      canPause: true,
+      canCheckpoint: true,
+      canResume: false
+    });
+  });
+
+  it('active after a failed pause: says so, keeps running', () => {
+    const view = sessionView(
+      session({
+        error: { what: 'stop failed: boom', recovery: 'Nothing was lost.' }
+      })
+    );
+    expect(view.label).toBe('Active (pause failed)');
+    expect(view.tone).toBe('warning');
+    expect(view.tooltip).toBe('stop failed: boom. Nothing was lost.');
+    expect(view.canPause).toBe(true);
+  });
+
+  it('checkpointing: percent of the progress', () => {
+    const view = sessionView(
+      session({
+        state: 'checkpointing',
+        progress: { phase: 'writing', done: 42, total: 100 }
+      })
+    );
+    expect(view.label).toBe('Checkpointing 42%');
+    expect(view.busy).toBe(true);
+    expect(view.tooltip).toContain('writing');
+    expect(view.canPause || view.canResume || view.canCheckpoint).toBe(false);
+  });
+
+  it('checkpointing without a known total: no percent', () => {
+    expect(
+      sessionView(
+        session({
+          state: 'checkpointing',
+          progress: { phase: 'starting', done: 0, total: 0 }
+        })
+      ).label
+    ).toBe('Checkpointing');
+  });
+
+  it('pausing', () => {
+    const view = sessionView(session({ state: 'pausing' }));
+    expect(view.label).toBe('Pausing');
+    expect(view.busy).toBe(true);
+  });
+
+  it('paused: since when, and how much was saved', () => {
+    const view = sessionView(
+      session({
+        state: 'paused',
+        kernel_id: null,
+        checkpoint: { id: 'c1', created: 0, bytes: 3_100_000_000 }
+      })
+    );
+    expect(view.label).toBe('Paused since 18:02 (3.1 GB saved)');
+    expect(view.canResume).toBe(true);
+    expect(view.canPause).toBe(false);
+    expect(view.busy).toBe(false);
+  });
+
+  it('paused without checkpoint info', () => {
+    expect(sessionView(session({ state: 'paused' })).label).toBe(
+      'Paused since 18:02'
+    );
+  });
+
+  it('resuming', () => {
+    const view = sessionView(session({ state: 'resuming' }));
+    expect(view.label).toBe('Resuming');
+    expect(view.busy).toBe(true);
+  });
+
+  it('waiting for resources: the short reason, full text in the tooltip', () => {
+    const message =
+      'Waiting for a GPU: all 1 GPU(s) are in use (by other.ipynb); you are ' +
+      'number 1 in the queue and get the next one freed';
+    const view = sessionView(
+      session({ state: 'waiting-for-resources', message, queue_position: 1 })
+    );
+    expect(view.label).toBe(
+      'Waiting for GPU (all 1 GPU(s) are in use (by other.ipynb))'
+    );
+    expect(view.tooltip).toBe(message);
+    expect(view.tone).toBe('warning');
+    expect(view.busy).toBe(true);
+  });
+
+  it('waiting for resources without a message: the queue position', () => {
+    expect(
+      sessionView(
+        session({
+          state: 'waiting-for-resources',
+          message: '',
+          queue_position: 2
+        })
+      ).label
+    ).toBe('Waiting for GPU (number 2 in the queue)');
+  });
+
+  it('restoring: percent of the progress', () => {
+    const view = sessionView(
+      session({
+        state: 'restoring',
+        progress: { phase: 'reading', done: 63, total: 100 }
+      })
+    );
+    expect(view.label).toBe('Restoring 63%');
+    expect(view.busy).toBe(true);
+  });
+
+  it('ready live', () => {
+    const view = sessionView(session({ state: 'ready', how: 'live' }));
+    expect(view.label).toBe('Ready: live session restored');
+    expect(view.tone).toBe('success');
+    expect(view.canPause).toBe(true);
+  });
+
+  it('ready from files, nothing skipped', () => {
+    const view = sessionView(
+      session({ state: 'ready', how: 'files', restore })
+    );
+    expect(view.label).toBe('Ready: restored from files (12 variables)');
+    expect(view.tone).toBe('success');
+    expect(view.tooltip).toContain('3.1 GB read in 2.5 s');
+  });
+
+  it('ready from files, one variable', () => {
+    expect(
+      sessionView(
+        session({
+          state: 'ready',
+          how: 'files',
+          restore: { ...restore, restored: ['model'] }
+        })
+      ).label
+    ).toBe('Ready: restored from files (1 variable)');
+  });
+
+  it('ready from files with skipped variables: count and why', () => {
+    const view = sessionView(
+      session({
+        state: 'ready',
+        how: 'files',
+        restore: {
+          ...restore,
+          failed: { conn: 'open socket' },
+          not_saved: { fh: 'open socket' }
+        }
+      })
+    );
+    expect(view.label).toBe(
+      'Ready: restored from files (12 variables; 2 skipped, open socket)'
+    );
+    expect(view.tone).toBe('warning');
+    expect(view.tooltip).toContain('conn: open socket');
+    expect(view.tooltip).toContain('fh: open socket');
+  });
+
+  it('ready without a resume', () => {
+    expect(sessionView(session({ state: 'ready' })).label).toBe('Ready');
+  });
+
+  it('failed: the reason and a Restore from files action', () => {
+    const view = sessionView(
+      session({
+        state: 'failed',
+        message: 'Resume failed: no kernel',
+        error: {
+          what: 'resume failed: could not start a python3 kernel',
+          recovery:
+            'The checkpoint is intact. Resume again to restore from files.'
+        }
+      })
+    );
+    expect(view.label).toBe('Failed: could not start a python3 kernel');
+    expect(view.tone).toBe('error');
+    expect(view.action).toEqual({
+      kind: 'resume',
+      label: 'Restore from files'
+    });
+    expect(view.tooltip).toContain('checkpoint is intact');
+    expect(view.canResume).toBe(true);
+  });
+
+  it('no session: nothing to pause', () => {
+    const view = sessionView(null);
+    expect(view.label).toBe('No kernel');
+    expect(view.canPause || view.canResume).toBe(false);
+  });
+
+  it('server extension missing', () => {
+    const view = sessionView(session(), 'missing');
+    expect(view.label).toBe('Pause unavailable');
+    expect(view.tooltip).toContain('not installed');
+    expect(view.canPause || view.canResume || view.canCheckpoint).toBe(false);
+  });
+
+  it('server unreachable', () => {
+    const view = sessionView(session(), 'unreachable');
+    expect(view.label).toBe('Server unreachable');
+    expect(view.tone).toBe('error');
+    expect(view.canPause).toBe(false);
+  });
+
+  it('not known yet', () => {
+    expect(sessionView(null, 'unknown').label).toBe('Checking...');
+  });
+});
+
+describe('skippedSummary', () => {
+  it('is null when everything was restored', () => {
+    expect(skippedSummary(restore)).toBeNull();
+  });
+
+  it('truncates long reasons', () => {
+    const summary = skippedSummary({
+      ...restore,
+      failed: { a: 'x'.repeat(40), b: 'y'.repeat(40) }
+    });
+    expect(summary?.count).toBe(2);
+    expect(summary?.why.length).toBe(60);
+    expect(summary?.why.endsWith('...')).toBe(true);
+  });
+});
+
+describe('inFlight', () => {
+  it.each([
+    ['active', false],
+    ['checkpointing', true],
+    ['pausing', true],
+    ['paused', false],
+    ['resuming', true],
+    ['waiting-for-resources', true],
+    ['restoring', true],
+    ['ready', false],
+    ['failed', false]
+  ] as const)('%s -> %s', (state, expected) => {
+    expect(inFlight(session({ state }))).toBe(expected);
+  });
+
+  it('null session is not in flight', () => {
+    expect(inFlight(null)).toBe(false);
+  });
+});

@@ -1,0 +1,429 @@
+/**
+ * Pure state-to-view logic: a session's JSON in, what the chip, the status
+ * bar and the commands show out. No DOM, no requests: unit-tested with jest.
+ */
+import type {
+  IProgress,
+  IRestoreResult,
+  ISession,
+  ServerAvailability,
+  SessionState
+} from './api';
+
+/**
+ * The colour family of a chip.
+ */
+export type Tone = 'neutral' | 'info' | 'success' | 'warning' | 'error';
+
+/**
+ * The button a chip offers, bound to a command.
+ */
+export interface IViewAction {
+  /**
+   * What the action does: a pause or a resume.
+   */
+  kind: 'pause' | 'resume';
+  /**
+   * The button text.
+   */
+  label: string;
+}
+
+/**
+ * Everything the UI shows about one notebook's pause state.
+ */
+export interface IPauseView {
+  /**
+   * The chip text, e.g. `Paused since 18:02 (3.1 GB saved)`.
+   */
+  label: string;
+  /**
+   * The colour family.
+   */
+  tone: Tone;
+  /**
+   * A transition is in flight (show a spinner, poll fast).
+   */
+  busy: boolean;
+  /**
+   * An extra button shown in the chip (only for failures), or `null`.
+   */
+  action: IViewAction | null;
+  /**
+   * Longer text for the tooltip.
+   */
+  tooltip: string;
+  /**
+   * Whether the notebook can be paused now.
+   */
+  canPause: boolean;
+  /**
+   * Whether the notebook can be resumed now.
+   */
+  canResume: boolean;
+  /**
+   * Whether a checkpoint can be written now.
+   */
+  canCheckpoint: boolean;
+  /**
+   * The session state, or a pseudo-state when there is no session.
+   */
+  state: SessionState | 'none' | 'unavailable' | 'unknown';
+}
+
+/**
+ * States of a pause or resume in flight.
+ */
+export const IN_FLIGHT_STATES: ReadonlyArray<SessionState> = [
+  'checkpointing',
+  'pausing',
+  'resuming',
+  'waiting-for-resources',
+  'restoring'
+];
+
+/**
+ * Format a byte count like the server does (decimal units).
+ *
+ * @param bytes A number of bytes.
+ * @returns E.g. `512 B`, `3.1 GB`.
+ */
+export function formatBytes(bytes: number): string {
+  let n = bytes;
+  for (const unit of ['B', 'KB', 'MB', 'GB']) {
+    if (Math.abs(n) < 1000 || unit === 'GB') {
+      return unit === 'B' ? `${Math.round(n)} B` : `${n.toFixed(1)} ${unit}`;
+    }
+    n /= 1000;
+  }
+  return `${n} GB`;
+}
+
+/**
+ * Format a duration in seconds for people.
+ *
+ * @param seconds A duration.
+ * @returns E.g. `4.2 s`, `3 min 5 s`, `2 h 10 min`.
+ */
+export function formatDuration(seconds: number): string {
+  if (seconds < 60) {
+    return `${seconds.toFixed(seconds < 10 ? 1 : 0)} s`;
+  }
+  if (seconds < 3600) {
+    const minutes = Math.floor(seconds / 60);
+    const rest = Math.round(seconds - minutes * 60);
+    return rest ? `${minutes} min ${rest} s` : `${minutes} min`;
+  }
+  const hours = Math.floor(seconds / 3600);
+  const minutes = Math.round((seconds - hours * 3600) / 60);
+  return minutes ? `${hours} h ${minutes} min` : `${hours} h`;
+}
+
+/**
+ * Local wall-clock time of an epoch timestamp.
+ *
+ * @param epochSeconds Seconds since the epoch.
+ * @returns `HH:MM` in local time.
+ */
+export function formatClock(epochSeconds: number): string {
+  const date = new Date(epochSeconds * 1000);
+  const pad = (n: number) => String(n).padStart(2, '0');
+  return `${pad(date.getHours())}:${pad(date.getMinutes())}`;
+}
+
+/**
+ * The percentage of a progress report, or `null` when its total is unknown.
+ *
+ * @param progress A progress report.
+ * @returns An integer from 0 to 100, or `null`.
+ */
+export function percent(progress: IProgress | null | undefined): number | null {
+  if (!progress || !(progress.total > 0)) {
+    return null;
+  }
+  const value = Math.floor((100 * progress.done) / progress.total);
+  return Math.min(100, Math.max(0, value));
+}
+
+/**
+ * A label with its progress percentage when known, e.g. `Restoring 63%`.
+ */
+function withPercent(label: string, progress: IProgress | null): string {
+  const value = percent(progress);
+  return value === null ? label : `${label} ${value}%`;
+}
+
+/**
+ * Why variables were not restored, shortened for the chip.
+ *
+ * @param restore The restore result.
+ * @returns The count and the distinct reasons, or `null` when nothing was skipped.
+ */
+export function skippedSummary(
+  restore: IRestoreResult
+): { count: number; why: string; details: string } | null {
+  const skipped = { ...(restore.not_saved || {}), ...(restore.failed || {}) };
+  const names = Object.keys(skipped);
+  if (names.length === 0) {
+    return null;
+  }
+  const reasons = Array.from(new Set(names.map(name => skipped[name])));
+  let why = reasons.join('; ');
+  if (why.length > 60) {
+    why = `${why.slice(0, 57)}...`;
+  }
+  const details = names.map(name => `${name}: ${skipped[name]}`).join('\n');
+  return { count: names.length, why, details };
+}
+
+function plural(count: number, word: string): string {
+  return `${count} ${word}${count === 1 ? '' : 's'}`;
+}
+
+/**
+ * The reason of a wait for resources, from the session message.
+ */
+function waitReason(session: ISession): string {
+  let reason = session.message.replace(/^Waiting for an? GPU:?\s*/i, '');
+  reason = reason.split(';')[0].replace(/\.$/, '').trim();
+  if (!reason && session.queue_position) {
+    reason = `number ${session.queue_position} in the queue`;
+  }
+  return reason;
+}
+
+const UNAVAILABLE: Pick<
+  IPauseView,
+  'busy' | 'action' | 'canPause' | 'canResume' | 'canCheckpoint'
+> = {
+  busy: false,
+  action: null,
+  canPause: false,
+  canResume: false,
+  canCheckpoint: false
+};
+
+/**
+ * Compute what to show for a notebook.
+ *
+ * @param session The session JSON, or `null` when the server knows no session (404).
+ * @param server Whether the server extension answers.
+ * @returns The view.
+ */
+export function sessionView(
+  session: ISession | null,
+  server: ServerAvailability = 'ok'
+): IPauseView {
+  if (server === 'missing') {
+    return {
+      ...UNAVAILABLE,
+      state: 'unavailable',
+      label: 'Pause unavailable',
+      tone: 'warning',
+      tooltip:
+        'The jupyter_pause server extension is not installed or not enabled ' +
+        '(GET /jupyter-pause/status answered 404). Ask your administrator to ' +
+        'run `jupyter server extension enable jupyter_pause`.'
+    };
+  }
+  if (server === 'unreachable') {
+    return {
+      ...UNAVAILABLE,
+      state: 'unavailable',
+      label: 'Server unreachable',
+      tone: 'error',
+      tooltip:
+        'The Jupyter server does not answer; pause and resume are unavailable ' +
+        'until it is back. Retrying.'
+    };
+  }
+  if (server === 'unknown') {
+    return {
+      ...UNAVAILABLE,
+      state: 'unknown',
+      label: 'Checking...',
+      tone: 'neutral',
+      tooltip: 'Asking the server for the pause state of this notebook.'
+    };
+  }
+  if (session === null) {
+    return {
+      ...UNAVAILABLE,
+      state: 'none',
+      label: 'No kernel',
+      tone: 'neutral',
+      tooltip:
+        'This notebook has no kernel and no checkpoint: there is nothing to pause.'
+    };
+  }
+  const base = {
+    state: session.state,
+    busy: false,
+    action: null,
+    canPause: false,
+    canResume: false,
+    canCheckpoint: false
+  };
+  switch (session.state) {
+    case 'active': {
+      const running = {
+        ...base,
+        canPause: true,
+        canCheckpoint: true
+      };
+      if (session.error) {
+        return {
+          ...running,
+          label: 'Active (pause failed)',
+          tone: 'warning',
+          tooltip: `${session.error.what}. ${session.error.recovery}`.trim()
+        };
+      }
+      return {
+        ...running,
+        label: 'Active',
+        tone: 'neutral',
+        tooltip: session.busy
+          ? 'The kernel is running a cell; a pause waits for it to finish.'
+          : 'The kernel is running. Pause saves its state and frees its GPU.'
+      };
+    }
+    case 'checkpointing':
+      return {
+        ...base,
+        busy: true,
+        label: withPercent('Checkpointing', session.progress),
+        tone: 'info',
+        tooltip: session.progress?.phase
+          ? `Saving the session state (${session.progress.phase}).`
+          : 'Saving the session state.'
+      };
+    case 'pausing':
+      return {
+        ...base,
+        busy: true,
+        label: 'Pausing',
+        tone: 'info',
+        tooltip: 'Stopping the kernel and releasing its GPU.'
+      };
+    case 'paused': {
+      const saved = session.checkpoint
+        ? ` (${formatBytes(session.checkpoint.bytes || 0)} saved)`
+        : '';
+      return {
+        ...base,
+        canResume: true,
+        label: `Paused since ${formatClock(session.since)}${saved}`,
+        tone: 'neutral',
+        tooltip:
+          'The kernel is stopped and its GPU released; its state is saved on ' +
+          'disk. Resume to continue where you left off.'
+      };
+    }
+    case 'resuming':
+      return {
+        ...base,
+        busy: true,
+        label: 'Resuming',
+        tone: 'info',
+        tooltip: session.message || 'Resuming.'
+      };
+    case 'waiting-for-resources': {
+      const reason = waitReason(session);
+      return {
+        ...base,
+        busy: true,
+        label: reason ? `Waiting for GPU (${reason})` : 'Waiting for GPU',
+        tone: 'warning',
+        tooltip:
+          session.message ||
+          'Waiting for a GPU; the notebook resumes as soon as one is free.'
+      };
+    }
+    case 'restoring':
+      return {
+        ...base,
+        busy: true,
+        label: withPercent('Restoring', session.progress),
+        tone: 'info',
+        tooltip: session.progress?.phase
+          ? `Restoring the session (${session.progress.phase}).`
+          : session.message || 'Restoring the session state.'
+      };
+    case 'ready':
+      return { ...base, ...readyView(session) };
+    case 'failed': {
+      const what = session.error?.what || session.message || 'unknown error';
+      const reason = what.replace(/^(resume|pause) failed:\s*/i, '');
+      return {
+        ...base,
+        canResume: true,
+        label: `Failed: ${reason}`,
+        tone: 'error',
+        action: { kind: 'resume', label: 'Restore from files' },
+        tooltip: session.error?.recovery || session.message
+      };
+    }
+    default:
+      return {
+        ...base,
+        label: session.state,
+        tone: 'neutral',
+        tooltip: session.message
+      };
+  }
+}
+
+function readyView(
+  session: ISession
+): Pick<
+  IPauseView,
+  'label' | 'tone' | 'tooltip' | 'canPause' | 'canCheckpoint'
+> {
+  const running = { canPause: true, canCheckpoint: true };
+  if (session.how === 'live') {
+    return {
+      ...running,
+      label: 'Ready: live session restored',
+      tone: 'success',
+      tooltip: 'The same kernel process came back: every variable is intact.'
+    };
+  }
+  if (session.how === 'files' && session.restore) {
+    const restore = session.restore;
+    const restored = plural(restore.restored.length, 'variable');
+    const skipped = skippedSummary(restore);
+    const lines = [
+      `Restored from checkpoint ${restore.checkpoint_id}: ${restore.restored.join(', ') || 'nothing'}.`,
+      `${formatBytes(restore.bytes_read || 0)} read in ${formatDuration(restore.seconds || 0)}.`
+    ];
+    if (skipped) {
+      lines.push(`Not restored:\n${skipped.details}`);
+    }
+    lines.push(...(restore.warnings || []));
+    return {
+      ...running,
+      label: skipped
+        ? `Ready: restored from files (${restored}; ${skipped.count} skipped, ${skipped.why})`
+        : `Ready: restored from files (${restored})`,
+      tone: skipped ? 'warning' : 'success',
+      tooltip: lines.join('\n')
+    };
+  }
+  return {
+    ...running,
+    label: 'Ready',
+    tone: 'success',
+    tooltip: session.message || 'The kernel is running.'
+  };
+}
+
+/**
+ * Whether a session is in a transition (pause or resume in flight).
+ *
+ * @param session The session, or `null`.
+ * @returns `true` while the server is busy with it.
+ */
+export function inFlight(session: ISession | null): boolean {
+  return !!session && IN_FLIGHT_STATES.includes(session.state);
+}
