@@ -7,6 +7,7 @@ import {
   showDialog
 } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { TranslationBundle } from '@jupyterlab/translation';
 
 import { errorMessage } from './api';
 import { pauseIcon, resumeIcon, timelineIcon } from './icons';
@@ -47,14 +48,20 @@ export const CommandIDs = {
  * @param manager The shared manager.
  * @param tracker The notebook tracker.
  * @param timelines The tracker of timeline panels (restored on reload).
+ * @param trans The translation bundle of the labels, captions and messages.
  */
 export function addCommands(
   app: JupyterFrontEnd,
   manager: PauseManager,
   tracker: INotebookTracker,
-  timelines: WidgetTracker<MainAreaWidget<TimelinePanel>>
+  timelines: WidgetTracker<MainAreaWidget<TimelinePanel>>,
+  trans: TranslationBundle
 ): void {
   const { commands, shell } = app;
+  /** The commands take no arguments. */
+  const noArgs = {
+    args: { type: 'object' as const, properties: {} }
+  };
 
   const current = (): NotebookPauseModel | null => {
     const panel: NotebookPanel | null = tracker.currentWidget;
@@ -69,10 +76,10 @@ export function addCommands(
   const caption = (what: string) => () => {
     const v = view();
     if (!v) {
-      return `${what} (open a notebook first)`;
+      return trans.__('%1 (open a notebook first)', what);
     }
     if (v.state === 'unavailable') {
-      return `${what}: unavailable. ${v.tooltip}`;
+      return trans.__('%1: unavailable. %2', what, v.tooltip);
     }
     return what;
   };
@@ -84,13 +91,17 @@ export function addCommands(
     }
     if (manager.settings.confirmBeforePause) {
       const answer = await showDialog({
-        title: 'Pause this notebook?',
-        body:
-          `The state of ${model.path} is saved to disk, its kernel is stopped ` +
-          'and its GPU released for others. Resume brings the variables back.',
+        title: trans.__('Pause this notebook?'),
+        body: trans.__(
+          'The state of %1 is saved to disk, its kernel is stopped and its GPU released for others. Resume brings the variables back.',
+          model.path
+        ),
         buttons: [
-          Dialog.cancelButton(),
-          Dialog.okButton({ label: 'Pause', ariaLabel: 'Pause notebook' })
+          Dialog.cancelButton({ label: trans.__('Cancel') }),
+          Dialog.okButton({
+            label: trans.__('Pause'),
+            ariaLabel: trans.__('Pause notebook')
+          })
         ]
       });
       if (!answer.button.accept) {
@@ -100,7 +111,7 @@ export function addCommands(
     try {
       model.setSession(await manager.client.pause(model.path));
     } catch (error) {
-      Notification.error(`Cannot pause: ${errorMessage(error)}`, {
+      Notification.error(trans.__('Cannot pause: %1', errorMessage(error)), {
         autoClose: 8000
       });
       await model.refresh();
@@ -115,7 +126,7 @@ export function addCommands(
     try {
       model.setSession(await manager.client.resume(model.path));
     } catch (error) {
-      Notification.error(`Cannot resume: ${errorMessage(error)}`, {
+      Notification.error(trans.__('Cannot resume: %1', errorMessage(error)), {
         autoClose: 8000
       });
       await model.refresh();
@@ -123,38 +134,51 @@ export function addCommands(
   };
 
   commands.addCommand(CommandIDs.pause, {
-    label: 'Pause Notebook',
-    caption: caption('Save the kernel state, stop the kernel and free its GPU'),
+    label: trans.__('Pause Notebook'),
+    caption: caption(
+      trans.__('Save the kernel state, stop the kernel and free its GPU')
+    ),
+    describedBy: noArgs,
     icon: pauseIcon,
     isEnabled: isEnabled(v => v.canPause),
     execute: pause
   });
 
   commands.addCommand(CommandIDs.resume, {
-    label: 'Resume Notebook',
-    caption: caption('Start a kernel and restore the saved state'),
+    label: trans.__('Resume Notebook'),
+    caption: caption(trans.__('Start a kernel and restore the saved state')),
+    describedBy: noArgs,
     icon: resumeIcon,
     isEnabled: isEnabled(v => v.canResume),
     execute: resume
   });
 
   commands.addCommand(CommandIDs.toggle, {
-    label: () => (view()?.canResume ? 'Resume' : 'Pause'),
+    label: () => (view()?.canResume ? trans.__('Resume') : trans.__('Pause')),
     caption: () => {
       const v = view();
       if (v?.canResume) {
-        return caption('Resume this notebook: restore its saved state')();
+        return caption(
+          trans.__('Resume this notebook: restore its saved state')
+        )();
       }
-      return caption('Pause this notebook: save its state and free its GPU')();
+      return caption(
+        trans.__('Pause this notebook: save its state and free its GPU')
+      )();
     },
+    describedBy: noArgs,
     icon: () => (view()?.canResume ? resumeIcon : pauseIcon),
+    className: 'jp-JupyterPause-Toggle',
     isEnabled: isEnabled(v => v.canPause || v.canResume),
     execute: () => (view()?.canResume ? resume() : pause())
   });
 
   commands.addCommand(CommandIDs.checkpoint, {
-    label: 'Checkpoint Notebook Now',
-    caption: caption('Save the kernel state now; the kernel keeps running'),
+    label: trans.__('Checkpoint Notebook Now'),
+    caption: caption(
+      trans.__('Save the kernel state now; the kernel keeps running')
+    ),
+    describedBy: noArgs,
     isEnabled: isEnabled(v => v.canCheckpoint),
     execute: async () => {
       const model = current();
@@ -166,23 +190,45 @@ export function addCommands(
         model.setSession(answer.session);
         const r = answer.result;
         const skipped = Object.keys(r.skipped || {}).length;
+        const saved = trans._n(
+          'Checkpoint %2: %1 variable, %3 written in %4',
+          'Checkpoint %2: %1 variables, %3 written in %4',
+          r.saved.length,
+          r.checkpoint_id,
+          formatBytes(r.bytes_written),
+          formatDuration(r.seconds, trans)
+        );
         Notification.success(
-          `Checkpoint ${r.checkpoint_id}: ${r.saved.length} variables, ` +
-            `${formatBytes(r.bytes_written)} written in ${formatDuration(r.seconds)}` +
-            (skipped ? `; ${skipped} skipped` : ''),
+          skipped ? trans.__('%1; %2 skipped', saved, skipped) : saved,
           { autoClose: 5000 }
         );
       } catch (error) {
-        Notification.error(`Checkpoint failed: ${errorMessage(error)}`, {
-          autoClose: 8000
-        });
+        Notification.error(
+          trans.__('Checkpoint failed: %1', errorMessage(error)),
+          { autoClose: 8000 }
+        );
       }
     }
   });
 
   commands.addCommand(CommandIDs.timeline, {
-    label: 'Show Pause Timeline',
-    caption: caption('GPU time and pause/resume events of this notebook'),
+    label: trans.__('Show Pause Timeline'),
+    caption: caption(
+      trans.__('GPU time and pause/resume events of this notebook')
+    ),
+    describedBy: {
+      args: {
+        type: 'object',
+        properties: {
+          path: {
+            type: 'string',
+            description: trans.__(
+              'The notebook path (default: the current notebook)'
+            )
+          }
+        }
+      }
+    },
     icon: timelineIcon,
     isEnabled: () => {
       const v = view();
@@ -193,21 +239,25 @@ export function addCommands(
       if (!path) {
         return;
       }
-      let widget = timelines.find(w => w.content.path === path);
-      if (!widget) {
-        const content = new TimelinePanel(manager, path);
-        widget = new MainAreaWidget({ content });
-        widget.id = `jupyter-pause-timeline-${encodeURIComponent(path)}`;
-        widget.title.icon = timelineIcon;
-        widget.title.label = content.title.label;
-        widget.title.closable = true;
-        void timelines.add(widget);
-        shell.add(widget, 'main', { mode: 'split-right' });
-      }
+      const widget =
+        timelines.find(w => w.content.path === path) ?? openTimeline(path);
       shell.activateById(widget.id);
       await widget.content.refresh();
     }
   });
+
+  /** A new timeline panel, tracked and added to the main area. */
+  const openTimeline = (path: string): MainAreaWidget<TimelinePanel> => {
+    const content = new TimelinePanel(manager, path);
+    const widget = new MainAreaWidget({ content });
+    widget.id = `jupyter-pause-timeline-${encodeURIComponent(path)}`;
+    widget.title.icon = timelineIcon;
+    widget.title.label = content.title.label;
+    widget.title.closable = true;
+    void timelines.add(widget);
+    shell.add(widget, 'main', { mode: 'split-right' });
+    return widget;
+  };
 
   const notify = () => commands.notifyCommandChanged();
   manager.changed.connect(notify);

@@ -12,10 +12,19 @@ import {
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
+import { ITranslator, nullTranslator } from '@jupyterlab/translation';
+import { CommandToolbarButton } from '@jupyterlab/ui-components';
 
+// The toolbar factory must return its chip at once, and the chip module is
+// loaded at startup anyway (the status bar item renders with it).
+// eslint-disable-next-line jupyter/prefer-lazy-imports
 import { PauseChip } from './chip';
 import { CommandIDs, addCommands } from './commands';
+// The manager is the service this plugin provides: activation needs it at once.
+// eslint-disable-next-line jupyter/prefer-lazy-imports
 import { DEFAULT_SETTINGS, IPauseSettings, PauseManager } from './model';
+// A status item is registered with its widget: activation needs it at once.
+// eslint-disable-next-line jupyter/prefer-lazy-imports
 import { PauseStatusItem } from './statusbar';
 import { TimelinePanel } from './timeline';
 import { IPauseManager } from './tokens';
@@ -27,6 +36,16 @@ export { IPauseManager } from './tokens';
  * Name of the status chip in the notebook toolbar (see `schema/plugin.json`).
  */
 const CHIP_TOOLBAR_ITEM = 'jupyter-pause-status';
+
+/**
+ * Name of the pause/resume button in the notebook toolbar (see `schema/plugin.json`).
+ */
+const TOGGLE_TOOLBAR_ITEM = 'jupyter-pause-toggle';
+
+/**
+ * The translation domain of jupyter_pause.
+ */
+const TRANSLATION_DOMAIN = 'jupyter_pause';
 
 /**
  * The core plugin: the manager, the commands, the toolbar chip and the
@@ -43,7 +62,8 @@ const plugin: JupyterFrontEndPlugin<PauseManager> = {
     ISettingRegistry,
     IToolbarWidgetRegistry,
     ICommandPalette,
-    ILayoutRestorer
+    ILayoutRestorer,
+    ITranslator
   ],
   activate: (
     app: JupyterFrontEnd,
@@ -51,11 +71,14 @@ const plugin: JupyterFrontEndPlugin<PauseManager> = {
     settingRegistry: ISettingRegistry | null,
     toolbarRegistry: IToolbarWidgetRegistry | null,
     palette: ICommandPalette | null,
-    restorer: ILayoutRestorer | null
+    restorer: ILayoutRestorer | null,
+    translator: ITranslator | null
   ): PauseManager => {
+    const trans = (translator ?? nullTranslator).load(TRANSLATION_DOMAIN);
     const manager = new PauseManager(
       app.serviceManager.serverSettings,
-      app.serviceManager.sessions
+      app.serviceManager.sessions,
+      trans
     );
     void manager.checkServer();
 
@@ -88,9 +111,20 @@ const plugin: JupyterFrontEndPlugin<PauseManager> = {
       });
     }
 
-    addCommands(app, manager, tracker, timelines);
+    addCommands(app, manager, tracker, timelines, trans);
 
     if (toolbarRegistry) {
+      // The pause/resume button shows its label ("Pause" or "Resume") next to
+      // its icon: the default factory of a command with an icon shows no label.
+      toolbarRegistry.addFactory<NotebookPanel>(
+        'Notebook',
+        TOGGLE_TOOLBAR_ITEM,
+        () =>
+          new CommandToolbarButton({
+            commands: app.commands,
+            id: CommandIDs.toggle
+          })
+      );
       toolbarRegistry.addFactory<NotebookPanel>(
         'Notebook',
         CHIP_TOOLBAR_ITEM,
@@ -108,7 +142,7 @@ const plugin: JupyterFrontEndPlugin<PauseManager> = {
     });
 
     if (palette) {
-      const category = 'Notebook Pause';
+      const category = trans.__('Notebook Pause');
       for (const command of [
         CommandIDs.pause,
         CommandIDs.resume,

@@ -1,5 +1,6 @@
 import { NotebookPanel } from '@jupyterlab/notebook';
 import { ServerConnection, Session } from '@jupyterlab/services';
+import { TranslationBundle, nullTranslator } from '@jupyterlab/translation';
 import { IDisposable } from '@lumino/disposable';
 import { IPoll, Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
@@ -58,10 +59,12 @@ export class PauseManager implements IDisposable {
    *
    * @param serverSettings Settings of the Jupyter server.
    * @param sessions The session manager (to reconnect panels after a resume).
+   * @param trans The translation bundle of everything the UI shows.
    */
   constructor(
     serverSettings: ServerConnection.ISettings,
-    readonly sessions: Session.IManager
+    readonly sessions: Session.IManager,
+    readonly trans: TranslationBundle = nullTranslator.load('jupyter_pause')
   ) {
     this.client = new PauseClient(serverSettings);
   }
@@ -241,7 +244,8 @@ export class NotebookPauseModel implements IDisposable {
       this._loaded || this.manager.server !== 'ok' ? this._session : null,
       this._loaded || this.manager.server !== 'ok'
         ? this.manager.server
-        : 'unknown'
+        : 'unknown',
+      this.manager.trans
     );
   }
 

@@ -52,7 +52,10 @@ export class PauseStatusItem extends Widget {
     }
     this._inner.hidden = false;
     const view = this._manager.modelFor(panel).view;
-    renderChip(this._inner, { ...view, label: `Pause: ${view.label}` });
+    renderChip(this._inner, {
+      ...view,
+      label: this._manager.trans.__('Pause: %1', view.label)
+    });
   }
 
   private _inner: HTMLElement;

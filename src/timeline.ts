@@ -1,3 +1,4 @@
+import { TranslationBundle, nullTranslator } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
 import { IPolicy, IStatus, ITimeline, errorMessage } from './api';
@@ -39,39 +40,67 @@ function element(tag: string, className: string, text?: string): HTMLElement {
  * The admin's effective policy as label/value rows (read-only).
  *
  * @param status The server status.
+ * @param trans The translation bundle.
  * @returns Rows to show.
  */
-export function policyRows(status: IStatus): [string, string][] {
+export function policyRows(
+  status: IStatus,
+  trans: TranslationBundle = nullTranslator.load('jupyter_pause')
+): [string, string][] {
   const policy: Partial<IPolicy> = status.policy || {};
   const resources = status.resources;
   const idle = policy.idle_pause_minutes || 0;
   const retention = [
-    `keep the last ${policy.keep_last ?? '?'}`,
-    policy.max_age_hours ? `at most ${policy.max_age_hours} h old` : '',
-    policy.max_bytes ? `at most ${formatBytes(policy.max_bytes)}` : ''
+    trans.__('keep the last %1', policy.keep_last ?? '?'),
+    policy.max_age_hours
+      ? trans.__('at most %1 h old', policy.max_age_hours)
+      : '',
+    policy.max_bytes
+      ? trans.__('at most %1', formatBytes(policy.max_bytes))
+      : ''
   ]
     .filter(Boolean)
     .join(', ');
   const rows: [string, string][] = [
-    ['Backend', `${status.backend} (jupyter_pause ${status.version})`],
     [
-      'Idle pause',
-      idle > 0 ? `after ${idle} min without activity` : 'off (manual only)'
+      trans.__('Backend'),
+      trans.__('%1 (jupyter_pause %2)', status.backend, status.version)
     ],
     [
-      'Minimum running time',
-      `${policy.min_running_minutes ?? 0} min before an automatic pause`
+      trans.__('Idle pause'),
+      idle > 0
+        ? trans.__('after %1 min without activity', idle)
+        : trans.__('off (manual only)')
     ],
-    ['Busy kernel wait', `${policy.busy_wait_seconds ?? 0} s`],
-    ['Checkpoint retention', retention],
-    ['Variables not marked', `${policy.save_unmarked ?? 'all'}`],
-    ['GPUs per kernel', `${policy.gpus_per_kernel ?? 0}`]
+    [
+      trans.__('Minimum running time'),
+      trans.__(
+        '%1 min before an automatic pause',
+        policy.min_running_minutes ?? 0
+      )
+    ],
+    [
+      trans.__('Busy kernel wait'),
+      trans.__('%1 s', policy.busy_wait_seconds ?? 0)
+    ],
+    [trans.__('Checkpoint retention'), retention],
+    [
+      trans.__('Variables not marked'),
+      `${policy.save_unmarked ?? trans.__('all')}`
+    ],
+    [trans.__('GPUs per kernel'), `${policy.gpus_per_kernel ?? 0}`]
   ];
   if (resources) {
     rows.push([
-      'GPUs',
-      `${resources.gpus_free} free of ${resources.gpus_total}` +
-        (resources.queue.length ? `; ${resources.queue.length} waiting` : '')
+      trans.__('GPUs'),
+      resources.queue.length
+        ? trans.__(
+            '%1 free of %2; %3 waiting',
+            resources.gpus_free,
+            resources.gpus_total,
+            resources.queue.length
+          )
+        : trans.__('%1 free of %2', resources.gpus_free, resources.gpus_total)
     ]);
   }
   return rows;
@@ -93,9 +122,13 @@ export class TimelinePanel extends Widget {
     readonly path: string
   ) {
     super();
+    const trans = this._manager.trans;
     this.addClass('jp-JupyterPause-Timeline');
-    this.title.label = `Pause timeline: ${path.split('/').pop()}`;
-    this.title.caption = `GPU time and pause/resume events of ${path}`;
+    this.title.label = trans.__('Pause timeline: %1', path.split('/').pop());
+    this.title.caption = trans.__(
+      'GPU time and pause/resume events of %1',
+      path
+    );
     this.title.closable = true;
   }
 
@@ -114,17 +147,23 @@ export class TimelinePanel extends Widget {
         element(
           'p',
           'jp-JupyterPause-TimelineError',
-          `No timeline for ${this.path}: ${errorMessage(error)}`
+          this._manager.trans.__(
+            'No timeline for %1: %2',
+            this.path,
+            errorMessage(error)
+          )
         )
       );
     }
   }
 
   private _render(timeline: ITimeline, status: IStatus | null): void {
+    const trans = this._manager.trans;
+    const duration = (seconds: number) => formatDuration(seconds, trans);
     const header = element('header', 'jp-JupyterPause-TimelineHeader');
     header.append(element('h2', '', this.path));
     const refresh = element('button', 'jp-JupyterPause-TimelineRefresh');
-    refresh.textContent = 'Refresh';
+    refresh.textContent = trans.__('Refresh');
     refresh.setAttribute('type', 'button');
     refresh.addEventListener('click', () => void this.refresh());
     header.append(refresh);
@@ -132,40 +171,40 @@ export class TimelinePanel extends Widget {
     const acc = timeline.accounting;
     const summary = element('dl', 'jp-JupyterPause-TimelineSummary');
     const facts: [string, string][] = [
-      ['State', timeline.state],
-      ['Pauses / resumes', `${acc.pauses} / ${acc.resumes}`],
-      ['GPU time allocated', formatDuration(acc.gpu_seconds_allocated)],
-      ['GPU time active', formatDuration(acc.gpu_seconds_active)],
-      ['GPU time released', formatDuration(acc.gpu_seconds_released)],
+      [trans.__('State'), timeline.state],
+      [trans.__('Pauses / resumes'), `${acc.pauses} / ${acc.resumes}`],
+      [trans.__('GPU time allocated'), duration(acc.gpu_seconds_allocated)],
+      [trans.__('GPU time active'), duration(acc.gpu_seconds_active)],
+      [trans.__('GPU time released'), duration(acc.gpu_seconds_released)],
       [
-        'Last resume to ready',
+        trans.__('Last resume to ready'),
         acc.last_resume_to_ready_seconds === null
           ? '-'
-          : formatDuration(acc.last_resume_to_ready_seconds)
+          : duration(acc.last_resume_to_ready_seconds)
       ],
       [
-        'Last resume to next cell',
+        trans.__('Last resume to next cell'),
         acc.last_resume_to_next_cell_seconds === null
           ? '-'
-          : formatDuration(acc.last_resume_to_next_cell_seconds)
+          : duration(acc.last_resume_to_next_cell_seconds)
       ],
-      ['Bytes saved', formatBytes(acc.bytes_saved)]
+      [trans.__('Bytes saved'), formatBytes(acc.bytes_saved)]
     ];
     for (const [term, value] of facts) {
       summary.append(element('dt', '', term), element('dd', '', value));
     }
 
     const policy = element('section', 'jp-JupyterPause-TimelinePolicy');
-    policy.append(element('h3', '', 'Admin policy (read-only)'));
+    policy.append(element('h3', '', trans.__('Admin policy (read-only)')));
     if (status) {
       const table = element('dl', 'jp-JupyterPause-TimelineSummary');
-      for (const [term, value] of policyRows(status)) {
+      for (const [term, value] of policyRows(status, trans)) {
         table.append(element('dt', '', term), element('dd', '', value));
       }
       policy.append(table);
     } else {
       policy.append(
-        element('p', '', sessionView(null, this._manager.server).tooltip)
+        element('p', '', sessionView(null, this._manager.server, trans).tooltip)
       );
     }
 
@@ -173,10 +212,20 @@ export class TimelinePanel extends Widget {
     const all = cycles(timeline.events, now);
     const last = all.slice(-CHART_CYCLES);
     const chart = element('section', 'jp-JupyterPause-TimelineChart');
-    chart.append(element('h3', '', `Last ${last.length} pauses: GPU time`));
-    chart.append(gpuChart(last, Math.max(1, acc.gpus)));
-    chart.append(element('h3', '', 'Resume to next cell'));
-    chart.append(latencyChart(last));
+    chart.append(
+      element(
+        'h3',
+        '',
+        trans._n(
+          'Last pause: GPU time',
+          'Last %1 pauses: GPU time',
+          last.length
+        )
+      )
+    );
+    chart.append(gpuChart(last, Math.max(1, acc.gpus), trans));
+    chart.append(element('h3', '', trans.__('Resume to next cell')));
+    chart.append(latencyChart(last, trans));
 
     const list = element('ol', 'jp-JupyterPause-TimelineEvents');
     for (const event of [...timeline.events].reverse()) {
@@ -198,7 +247,7 @@ export class TimelinePanel extends Widget {
     }
     const events = element('section', 'jp-JupyterPause-TimelineList');
     events.append(
-      element('h3', '', `Events (${timeline.events.length})`),
+      element('h3', '', trans.__('Events (%1)', timeline.events.length)),
       list
     );
 
@@ -206,30 +255,45 @@ export class TimelinePanel extends Widget {
   }
 }
 
-const SERIES: { key: keyof ICycle; label: string; className: string }[] = [
-  {
-    key: 'allocatedSeconds',
-    label: 'allocated',
-    className: 'jp-JupyterPause-BarAllocated'
-  },
-  {
-    key: 'activeSeconds',
-    label: 'active',
-    className: 'jp-JupyterPause-BarActive'
-  },
-  {
-    key: 'releasedSeconds',
-    label: 'released',
-    className: 'jp-JupyterPause-BarReleased'
-  }
-];
+/**
+ * The series of the GPU chart: one bar each per pause.
+ */
+function gpuSeries(
+  trans: TranslationBundle
+): { key: keyof ICycle; label: string; legend: string; className: string }[] {
+  return [
+    {
+      key: 'allocatedSeconds',
+      label: trans.__('allocated'),
+      legend: trans.__('GPU allocated'),
+      className: 'jp-JupyterPause-BarAllocated'
+    },
+    {
+      key: 'activeSeconds',
+      label: trans.__('active'),
+      legend: trans.__('GPU active'),
+      className: 'jp-JupyterPause-BarActive'
+    },
+    {
+      key: 'releasedSeconds',
+      label: trans.__('released'),
+      legend: trans.__('GPU released'),
+      className: 'jp-JupyterPause-BarReleased'
+    }
+  ];
+}
 
 /**
  * Grouped horizontal bars: allocated, active and released GPU time per pause.
  */
-function gpuChart(rows: ICycle[], gpus: number): SVGElement {
+function gpuChart(
+  rows: ICycle[],
+  gpus: number,
+  trans: TranslationBundle
+): SVGElement {
+  const bars = gpuSeries(trans);
   const barHeight = 10;
-  const groupHeight = barHeight * SERIES.length + 12;
+  const groupHeight = barHeight * bars.length + 12;
   const labelWidth = 80;
   const width = 520;
   const plot = width - labelWidth - 90;
@@ -240,11 +304,11 @@ function gpuChart(rows: ICycle[], gpus: number): SVGElement {
     height,
     viewBox: `0 0 ${width} ${height}`,
     role: 'img',
-    'aria-label': 'GPU time allocated, active and released per pause'
+    'aria-label': trans.__('GPU time allocated, active and released per pause')
   });
   const max = Math.max(
     1,
-    ...rows.flatMap(row => SERIES.map(s => (row[s.key] as number) * gpus))
+    ...rows.flatMap(row => bars.map(s => (row[s.key] as number) * gpus))
   );
   rows.forEach((row, i) => {
     const top = i * groupHeight;
@@ -252,10 +316,10 @@ function gpuChart(rows: ICycle[], gpus: number): SVGElement {
       svg(
         'text',
         { x: 0, y: top + groupHeight / 2, class: 'jp-JupyterPause-ChartLabel' },
-        `Pause ${row.index}`
+        trans.__('Pause %1', row.index)
       )
     );
-    SERIES.forEach((series, j) => {
+    bars.forEach((series, j) => {
       const value = (row[series.key] as number) * gpus;
       const y = top + j * barHeight;
       const rect = svg('rect', {
@@ -266,7 +330,11 @@ function gpuChart(rows: ICycle[], gpus: number): SVGElement {
         class: series.className
       });
       rect.append(
-        svg('title', {}, `${series.label}: ${formatDuration(value)}`)
+        svg(
+          'title',
+          {},
+          trans.__('%1: %2', series.label, formatDuration(value, trans))
+        )
       );
       root.append(
         rect,
@@ -277,13 +345,13 @@ function gpuChart(rows: ICycle[], gpus: number): SVGElement {
             y: y + barHeight - 3,
             class: 'jp-JupyterPause-ChartValue'
           },
-          formatDuration(value)
+          formatDuration(value, trans)
         )
       );
     });
   });
   const legendY = height - 6;
-  SERIES.forEach((series, j) => {
+  bars.forEach((series, j) => {
     const x = labelWidth + j * 110;
     root.append(
       svg('rect', {
@@ -296,7 +364,7 @@ function gpuChart(rows: ICycle[], gpus: number): SVGElement {
       svg(
         'text',
         { x: x + 14, y: legendY, class: 'jp-JupyterPause-ChartLabel' },
-        `GPU ${series.label}`
+        series.legend
       )
     );
   });
@@ -306,7 +374,7 @@ function gpuChart(rows: ICycle[], gpus: number): SVGElement {
 /**
  * Horizontal bars: seconds from each resume request to the next cell run.
  */
-function latencyChart(rows: ICycle[]): SVGElement {
+function latencyChart(rows: ICycle[], trans: TranslationBundle): SVGElement {
   const barHeight = 14;
   const labelWidth = 80;
   const width = 520;
@@ -318,7 +386,7 @@ function latencyChart(rows: ICycle[]): SVGElement {
     height,
     viewBox: `0 0 ${width} ${height}`,
     role: 'img',
-    'aria-label': 'Seconds from each resume to the next cell run'
+    'aria-label': trans.__('Seconds from each resume to the next cell run')
   });
   const max = Math.max(1, ...rows.map(row => row.resumeToNextCellSeconds ?? 0));
   rows.forEach((row, i) => {
@@ -328,7 +396,7 @@ function latencyChart(rows: ICycle[]): SVGElement {
       svg(
         'text',
         { x: 0, y: y + barHeight - 3, class: 'jp-JupyterPause-ChartLabel' },
-        `Pause ${row.index}`
+        trans.__('Pause %1', row.index)
       )
     );
     const w = value === null ? 0 : Math.max(1, (value / max) * plot);
@@ -351,7 +419,9 @@ function latencyChart(rows: ICycle[]): SVGElement {
           y: y + barHeight - 3,
           class: 'jp-JupyterPause-ChartValue'
         },
-        value === null ? 'no cell run yet' : formatDuration(value)
+        value === null
+          ? trans.__('no cell run yet')
+          : formatDuration(value, trans)
       )
     );
   });

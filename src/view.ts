@@ -2,6 +2,8 @@
  * Pure state-to-view logic: a session's JSON in, what the chip, the status
  * bar and the commands show out. No DOM, no requests: unit-tested with jest.
  */
+import { TranslationBundle, nullTranslator } from '@jupyterlab/translation';
+
 import type {
   IProgress,
   IRestoreResult,
@@ -103,20 +105,28 @@ export function formatBytes(bytes: number): string {
  * Format a duration in seconds for people.
  *
  * @param seconds A duration.
+ * @param trans The translation bundle.
  * @returns E.g. `4.2 s`, `3 min 5 s`, `2 h 10 min`.
  */
-export function formatDuration(seconds: number): string {
+export function formatDuration(
+  seconds: number,
+  trans: TranslationBundle = nullTranslator.load('jupyter_pause')
+): string {
   if (seconds < 60) {
-    return `${seconds.toFixed(seconds < 10 ? 1 : 0)} s`;
+    return trans.__('%1 s', seconds.toFixed(seconds < 10 ? 1 : 0));
   }
   if (seconds < 3600) {
     const minutes = Math.floor(seconds / 60);
     const rest = Math.round(seconds - minutes * 60);
-    return rest ? `${minutes} min ${rest} s` : `${minutes} min`;
+    return rest
+      ? trans.__('%1 min %2 s', minutes, rest)
+      : trans.__('%1 min', minutes);
   }
   const hours = Math.floor(seconds / 3600);
   const minutes = Math.round((seconds - hours * 3600) / 60);
-  return minutes ? `${hours} h ${minutes} min` : `${hours} h`;
+  return minutes
+    ? trans.__('%1 h %2 min', hours, minutes)
+    : trans.__('%1 h', hours);
 }
 
 /**
@@ -148,9 +158,13 @@ export function percent(progress: IProgress | null | undefined): number | null {
 /**
  * A label with its progress percentage when known, e.g. `Restoring 63%`.
  */
-function withPercent(label: string, progress: IProgress | null): string {
+function withPercent(
+  label: string,
+  progress: IProgress | null,
+  trans: TranslationBundle
+): string {
   const value = percent(progress);
-  return value === null ? label : `${label} ${value}%`;
+  return value === null ? label : trans.__('%1 %2%', label, value);
 }
 
 /**
@@ -176,18 +190,14 @@ export function skippedSummary(
   return { count: names.length, why, details };
 }
 
-function plural(count: number, word: string): string {
-  return `${count} ${word}${count === 1 ? '' : 's'}`;
-}
-
 /**
  * The reason of a wait for resources, from the session message.
  */
-function waitReason(session: ISession): string {
+function waitReason(session: ISession, trans: TranslationBundle): string {
   let reason = session.message.replace(/^Waiting for an? GPU:?\s*/i, '');
   reason = reason.split(';')[0].replace(/\.$/, '').trim();
   if (!reason && session.queue_position) {
-    reason = `number ${session.queue_position} in the queue`;
+    reason = trans.__('number %1 in the queue', session.queue_position);
   }
   return reason;
 }
@@ -208,52 +218,56 @@ const UNAVAILABLE: Pick<
  *
  * @param session The session JSON, or `null` when the server knows no session (404).
  * @param server Whether the server extension answers.
+ * @param trans The translation bundle of the labels and tooltips.
  * @returns The view.
  */
 export function sessionView(
   session: ISession | null,
-  server: ServerAvailability = 'ok'
+  server: ServerAvailability = 'ok',
+  trans: TranslationBundle = nullTranslator.load('jupyter_pause')
 ): IPauseView {
   if (server === 'missing') {
     return {
       ...UNAVAILABLE,
       state: 'unavailable',
-      label: 'Pause unavailable',
+      label: trans.__('Pause unavailable'),
       tone: 'warning',
-      tooltip:
-        'The jupyter_pause server extension is not installed or not enabled ' +
-        '(GET /jupyter-pause/status answered 404). Ask your administrator to ' +
-        'run `jupyter server extension enable jupyter_pause`.'
+      tooltip: trans.__(
+        'The jupyter_pause server extension is not installed or not enabled (GET /jupyter-pause/status answered 404). Ask your administrator to run `jupyter server extension enable jupyter_pause`.'
+      )
     };
   }
   if (server === 'unreachable') {
     return {
       ...UNAVAILABLE,
       state: 'unavailable',
-      label: 'Server unreachable',
+      label: trans.__('Server unreachable'),
       tone: 'error',
-      tooltip:
-        'The Jupyter server does not answer; pause and resume are unavailable ' +
-        'until it is back. Retrying.'
+      tooltip: trans.__(
+        'The Jupyter server does not answer; pause and resume are unavailable until it is back. Retrying.'
+      )
     };
   }
   if (server === 'unknown') {
     return {
       ...UNAVAILABLE,
       state: 'unknown',
-      label: 'Checking...',
+      label: trans.__('Checking...'),
       tone: 'neutral',
-      tooltip: 'Asking the server for the pause state of this notebook.'
+      tooltip: trans.__(
+        'Asking the server for the pause state of this notebook.'
+      )
     };
   }
   if (session === null) {
     return {
       ...UNAVAILABLE,
       state: 'none',
-      label: 'No kernel',
+      label: trans.__('No kernel'),
       tone: 'neutral',
-      tooltip:
+      tooltip: trans.__(
         'This notebook has no kernel and no checkpoint: there is nothing to pause.'
+      )
     };
   }
   const base = {
@@ -274,93 +288,108 @@ export function sessionView(
       if (session.error) {
         return {
           ...running,
-          label: 'Active (pause failed)',
+          label: trans.__('Active (pause failed)'),
           tone: 'warning',
-          tooltip: `${session.error.what}. ${session.error.recovery}`.trim()
+          tooltip: trans
+            .__('%1. %2', session.error.what, session.error.recovery)
+            .trim()
         };
       }
       return {
         ...running,
-        label: 'Active',
+        label: trans.__('Active'),
         tone: 'neutral',
         tooltip: session.busy
-          ? 'The kernel is running a cell; a pause waits for it to finish.'
-          : 'The kernel is running. Pause saves its state and frees its GPU.'
+          ? trans.__(
+              'The kernel is running a cell; a pause waits for it to finish.'
+            )
+          : trans.__(
+              'The kernel is running. Pause saves its state and frees its GPU.'
+            )
       };
     }
     case 'checkpointing':
       return {
         ...base,
         busy: true,
-        label: withPercent('Checkpointing', session.progress),
+        label: withPercent(trans.__('Checkpointing'), session.progress, trans),
         tone: 'info',
         tooltip: session.progress?.phase
-          ? `Saving the session state (${session.progress.phase}).`
-          : 'Saving the session state.'
+          ? trans.__('Saving the session state (%1).', session.progress.phase)
+          : trans.__('Saving the session state.')
       };
     case 'pausing':
       return {
         ...base,
         busy: true,
-        label: 'Pausing',
+        label: trans.__('Pausing'),
         tone: 'info',
-        tooltip: 'Stopping the kernel and releasing its GPU.'
+        tooltip: trans.__('Stopping the kernel and releasing its GPU.')
       };
     case 'paused': {
-      const saved = session.checkpoint
-        ? ` (${formatBytes(session.checkpoint.bytes || 0)} saved)`
-        : '';
+      const since = formatClock(session.since);
       return {
         ...base,
         canResume: true,
-        label: `Paused since ${formatClock(session.since)}${saved}`,
+        label: session.checkpoint
+          ? trans.__(
+              'Paused since %1 (%2 saved)',
+              since,
+              formatBytes(session.checkpoint.bytes || 0)
+            )
+          : trans.__('Paused since %1', since),
         tone: 'neutral',
-        tooltip:
-          'The kernel is stopped and its GPU released; its state is saved on ' +
-          'disk. Resume to continue where you left off.'
+        tooltip: trans.__(
+          'The kernel is stopped and its GPU released; its state is saved on disk. Resume to continue where you left off.'
+        )
       };
     }
     case 'resuming':
       return {
         ...base,
         busy: true,
-        label: 'Resuming',
+        label: trans.__('Resuming'),
         tone: 'info',
-        tooltip: session.message || 'Resuming.'
+        tooltip: session.message || trans.__('Resuming.')
       };
     case 'waiting-for-resources': {
-      const reason = waitReason(session);
+      const reason = waitReason(session, trans);
       return {
         ...base,
         busy: true,
-        label: reason ? `Waiting for GPU (${reason})` : 'Waiting for GPU',
+        label: reason
+          ? trans.__('Waiting for GPU (%1)', reason)
+          : trans.__('Waiting for GPU'),
         tone: 'warning',
         tooltip:
           session.message ||
-          'Waiting for a GPU; the notebook resumes as soon as one is free.'
+          trans.__(
+            'Waiting for a GPU; the notebook resumes as soon as one is free.'
+          )
       };
     }
     case 'restoring':
       return {
         ...base,
         busy: true,
-        label: withPercent('Restoring', session.progress),
+        label: withPercent(trans.__('Restoring'), session.progress, trans),
         tone: 'info',
         tooltip: session.progress?.phase
-          ? `Restoring the session (${session.progress.phase}).`
-          : session.message || 'Restoring the session state.'
+          ? trans.__('Restoring the session (%1).', session.progress.phase)
+          : session.message || trans.__('Restoring the session state.')
       };
     case 'ready':
-      return { ...base, ...readyView(session) };
+      return { ...base, ...readyView(session, trans) };
     case 'failed': {
-      const what = session.error?.what || session.message || 'unknown error';
+      const what =
+        session.error?.what || session.message || trans.__('unknown error');
       const reason = what.replace(/^(resume|pause) failed:\s*/i, '');
       return {
         ...base,
         canResume: true,
-        label: `Failed: ${reason}`,
+        label: trans.__('Failed: %1', reason),
         tone: 'error',
-        action: { kind: 'resume', label: 'Restore from files' },
+        action: { kind: 'resume', label: trans.__('Restore from files') },
         tooltip: session.error?.recovery || session.message
       };
     }
@@ -375,7 +404,8 @@ export function sessionView(
 }
 
 function readyView(
-  session: ISession
+  session: ISession,
+  trans: TranslationBundle
 ): Pick<
   IPauseView,
   'label' | 'tone' | 'tooltip' | 'canPause' | 'canCheckpoint'
@@ -384,37 +414,56 @@ function readyView(
   if (session.how === 'live') {
     return {
       ...running,
-      label: 'Ready: live session restored',
+      label: trans.__('Ready: live session restored'),
       tone: 'success',
-      tooltip: 'The same kernel process came back: every variable is intact.'
+      tooltip: trans.__(
+        'The same kernel process came back: every variable is intact.'
+      )
     };
   }
   if (session.how === 'files' && session.restore) {
     const restore = session.restore;
-    const restored = plural(restore.restored.length, 'variable');
+    const restored = trans._n(
+      '%1 variable',
+      '%1 variables',
+      restore.restored.length
+    );
     const skipped = skippedSummary(restore);
     const lines = [
-      `Restored from checkpoint ${restore.checkpoint_id}: ${restore.restored.join(', ') || 'nothing'}.`,
-      `${formatBytes(restore.bytes_read || 0)} read in ${formatDuration(restore.seconds || 0)}.`
+      trans.__(
+        'Restored from checkpoint %1: %2.',
+        restore.checkpoint_id,
+        restore.restored.join(', ') || trans.__('nothing')
+      ),
+      trans.__(
+        '%1 read in %2.',
+        formatBytes(restore.bytes_read || 0),
+        formatDuration(restore.seconds || 0, trans)
+      )
     ];
     if (skipped) {
-      lines.push(`Not restored:\n${skipped.details}`);
+      lines.push(trans.__('Not restored:\n%1', skipped.details));
     }
     lines.push(...(restore.warnings || []));
     return {
       ...running,
       label: skipped
-        ? `Ready: restored from files (${restored}; ${skipped.count} skipped, ${skipped.why})`
-        : `Ready: restored from files (${restored})`,
+        ? trans.__(
+            'Ready: restored from files (%1; %2 skipped, %3)',
+            restored,
+            skipped.count,
+            skipped.why
+          )
+        : trans.__('Ready: restored from files (%1)', restored),
       tone: skipped ? 'warning' : 'success',
       tooltip: lines.join('\n')
     };
   }
   return {
     ...running,
-    label: 'Ready',
+    label: trans.__('Ready'),
     tone: 'success',
-    tooltip: session.message || 'The kernel is running.'
+    tooltip: session.message || trans.__('The kernel is running.')
   };
 }
 
