@@ -29,7 +29,7 @@ import stat
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ COMPACT_BELOW = 0.5
 _FSYNC_AT_MOST = 4  # more data files than this are flushed with one syncfs
 _MANIFEST_RE = re.compile(r"^(\d{6,})\.json$")
 _TMP_RE = re.compile(r"^(\d{6,})-(\d+)\.")
+_COMPACT_TMP_RE = re.compile(r"^compact-(\d+)\.")
 
 
 class StoreError(Exception):
@@ -86,7 +87,6 @@ class TornCheckpoint:
 class WriteStats:
     bytes_written: int = 0
     bytes_reused: int = 0
-    files: list[str] = field(default_factory=list)
 
 
 def default_store_root() -> Path:
@@ -307,6 +307,10 @@ class NotebookStore:
             return []
         found: dict[tuple[int, int], TornCheckpoint] = {}
         for entry in os.listdir(tmp):
+            compaction = _COMPACT_TMP_RE.match(entry)
+            if compaction and not _pid_alive(int(compaction.group(1))):
+                (tmp / entry).unlink()  # an interrupted compaction: the old pack is still there
+                continue
             match = _TMP_RE.match(entry)
             if not match:
                 continue
@@ -478,20 +482,17 @@ class NotebookStore:
         Crash-safe by order: until the last manifest is rewritten the old pack stays, so every
         manifest on disk points at a complete file. Returns the old pack's size.
         """
-        wanted: dict[tuple[int, int], str] = {}  # (offset, nbytes) in the old pack -> digest
-        for manifest in manifests.values():
-            for digest, loc in manifest["buffers"].items():
-                if loc["file"] == pack:
-                    wanted[(loc["offset"], loc["nbytes"])] = digest
-        checkpoint_id = max(manifests)
-        writer = CheckpointWriter(self, checkpoint_id, {})
-        writer._pack_name = f"packs/{checkpoint_id:06d}-compact-{os.urandom(4).hex()}.pack"
+        spans = {
+            (loc["offset"], loc["nbytes"])
+            for manifest in manifests.values()
+            for loc in manifest["buffers"].values()
+            if loc["file"] == pack
+        }
+        writer = CheckpointWriter(self, max(manifests), {}, prefix=f"compact-{os.getpid()}")
         source = self._map(pack)
         moved: dict[tuple[int, int], BufferLocation] = {}
-        for (offset, nbytes), digest in sorted(wanted.items()):
-            view = memoryview(source)[offset : offset + nbytes]
-            moved[(offset, nbytes)] = writer._append_to_pack(view)
-            writer.used[digest] = moved[(offset, nbytes)]
+        for offset, nbytes in sorted(spans):
+            moved[(offset, nbytes)] = writer.append(memoryview(source)[offset : offset + nbytes])
         writer.finish_files()
         for checkpoint_id, manifest in manifests.items():
             changed = False
@@ -523,23 +524,27 @@ class CheckpointWriter:
     Everything is written to ``tmp/`` first and renamed into place only after fsync.
     """
 
-    def __init__(self, store: NotebookStore, checkpoint_id: int, known: dict[str, BufferLocation]):
+    def __init__(
+        self,
+        store: NotebookStore,
+        checkpoint_id: int,
+        known: dict[str, BufferLocation],
+        prefix: str | None = None,
+    ):
         self.store = store
         self.checkpoint_id = checkpoint_id
         self.known = known
         self.used: dict[str, BufferLocation] = {}
         self.stats = WriteStats()
-        self._prefix = f"{checkpoint_id:06d}-{os.getpid()}"
+        # Temp names carry the checkpoint id and pid: a dead writer's leftovers are a torn
+        # checkpoint. Compaction passes its own prefix, so its leftovers are not mistaken for one.
+        self._prefix = prefix or f"{checkpoint_id:06d}-{os.getpid()}"
         self._tmp = store.path / "tmp"
         self._pending: list[tuple[int, Path, Path]] = []  # (fd, temp path, final path)
         self._pack_fd: int | None = None
         self._pack_name = f"packs/{self._prefix}-{os.urandom(4).hex()}.pack"
         self._pack_tmp = self._tmp / f"{self._prefix}.pack.partial"
         self._pack_size = 0
-        self._committed = False
-
-    def has(self, digest: str) -> bool:
-        return digest in self.used or digest in self.known
 
     def add(self, digest: str, data: memoryview | None) -> BufferLocation:
         """Store one buffer under its content hash, reusing an earlier copy when there is one.
@@ -569,11 +574,12 @@ class CheckpointWriter:
                 location = BufferLocation(rel, 0, nbytes)
                 self.stats.bytes_written += nbytes
         else:
-            location = self._append_to_pack(data)
+            location = self.append(data)
         self.used[digest] = location
         return location
 
-    def _append_to_pack(self, data: memoryview) -> BufferLocation:
+    def append(self, data: memoryview) -> BufferLocation:
+        """Add a buffer to this checkpoint's pack (no dedup: ``add`` is the way in for that)."""
         nbytes = data.nbytes
         if self._pack_fd is None:
             self._pack_fd = _open_new_private(self._pack_tmp)
@@ -593,7 +599,6 @@ class CheckpointWriter:
         manifest["buffers"] = {d: loc.to_json() for d, loc in self.used.items()}
         path = self.store.manifest_path(self.checkpoint_id)
         write_file_atomically(path, json.dumps(manifest, separators=(",", ":")).encode())
-        self._committed = True
         return path
 
     def finish_files(self) -> None:
