@@ -70,7 +70,7 @@ class SessionRecord:
     path: str
     key: str
     state: str = "active"
-    message: str = ""
+    message: str = "Running."
     since: float = field(default_factory=time.time)
     kernel_id: str | None = None
     kernel_name: str = "python3"
@@ -409,6 +409,7 @@ class Orchestrator:
 
     async def _checkpoint(self, record: SessionRecord, reason: str, then: str) -> dict[str, Any]:
         assert record.kernel_id is not None
+        message = record.message
         self._set(
             record,
             "checkpointing",
@@ -456,7 +457,10 @@ class Orchestrator:
             skipped=result["skipped"],
         )
         metrics.checkpoint_written(result["bytes_written"])
-        self._set(record, then, record.message if then != "checkpointing" else "", progress=None)
+        # A manual checkpoint returns to the state (and message) it interrupted.
+        self._set(
+            record, then, message if then != "checkpointing" else record.message, progress=None
+        )
         return result
 
     async def _poll_progress(self, record: SessionRecord) -> None:

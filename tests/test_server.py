@@ -298,6 +298,7 @@ async def test_checkpoint_endpoint_and_checkpoint_list(server: Server) -> None:
     code, body = await server.call("POST", "checkpoint", "ckpt.ipynb")
     assert code == 200 and body["result"]["checkpoint_id"] == 1
     assert body["result"]["saved"] == ["arr"] and body["session"]["state"] == "active"
+    assert body["session"]["message"] == "Running." and body["session"]["progress"] is None
     _, listing = await server.call("GET", "checkpoints", "ckpt.ipynb")
     assert [c["id"] for c in listing["checkpoints"]] == [1]
     assert listing["checkpoints"][0]["variables"] == ["arr"]
