@@ -289,7 +289,7 @@ class Checkpointer(Configurable):
         previous = {} if (full or base is None) else self._reusable_frames(base, values, known)
         checkpoint_id = store.next_id()
         intent = store.path / "tmp" / f"{checkpoint_id:06d}-{os.getpid()}.intent"
-        intent.write_text(json.dumps({"started": time.time()}))
+        store_mod.write_private(intent, json.dumps({"started": time.time()}).encode())
         writer = store.begin(checkpoint_id, known)
         background = _BufferWriter(writer, progress)
         # The writer thread needs the GIL back after every write; the default 5 ms switch

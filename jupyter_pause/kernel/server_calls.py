@@ -13,6 +13,7 @@ import os
 import time
 from typing import Any
 
+from .store import write_private
 from .token import process_token
 
 #: Set once a server has introduced itself: ``%pause`` then knows someone is listening.
@@ -47,7 +48,7 @@ class _ProgressFile:
             return
         self.last = now
         tmp = self.path.with_name(".progress.json.tmp")
-        tmp.write_text(json.dumps({"phase": phase, "done": done, "total": total}))
+        write_private(tmp, json.dumps({"phase": phase, "done": done, "total": total}).encode())
         os.replace(tmp, self.path)  # no fsync: progress is not worth a disk flush
 
 

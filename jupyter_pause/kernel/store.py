@@ -156,6 +156,16 @@ def _open_new_private(path: Path) -> int:
     return fd
 
 
+def write_private(path: Path, data: bytes) -> None:
+    """A small owner-only file, not flushed: for markers and progress, not for data."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        _write_all(fd, memoryview(data))
+    finally:
+        os.close(fd)
+
+
 def write_file_atomically(path: Path, data: bytes) -> None:
     """temp file + fsync + rename + fsync of the folder: readers see the old or the new file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
