@@ -7,6 +7,7 @@ used, and given back?). Plain data, no I/O: the orchestrator records, the API re
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -67,7 +68,9 @@ class Timeline:
         if kind not in EVENT_KINDS:
             raise ValueError(f"unknown timeline event {kind!r}")
         event = Event(kind, time.time() if at is None else at, data)
-        self.events.append(event)
+        # Some events are recorded after the fact (the end of active work is known only when
+        # the pause comes): keep the list in time order, the order accounting walks it in.
+        bisect.insort(self.events, event, key=lambda e: e.at)
         if len(self.events) > self.limit:
             del self.events[: len(self.events) - self.limit]
         return event

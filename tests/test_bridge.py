@@ -68,3 +68,28 @@ async def test_cells_and_pause_requests_are_reported() -> None:
     )
     assert events == [("cell", {"execution_count": 7}), ("request", {"action": "pause"})]
     assert activity.execution_count == 7 and activity.cells_executed == 1
+
+
+def test_timeline_keeps_events_in_time_order_and_sums_gpu_time() -> None:
+    from jupyter_pause.timeline import Timeline
+
+    timeline = Timeline()
+    timeline.add("gpu_acquired", at=100.0)
+    timeline.add("pause_requested", at=200.0)
+    timeline.add("last_activity", at=150.0)  # known only when the pause comes
+    timeline.add("gpu_released", at=210.0)
+    timeline.add("resume_requested", at=1000.0)
+    timeline.add("resources_acquired", at=1010.0)
+    timeline.add("kernel_ready", at=1015.0)
+    timeline.add("first_cell_executed", at=1060.0)
+    assert [e.kind for e in timeline.events][:3] == [
+        "gpu_acquired",
+        "last_activity",
+        "pause_requested",
+    ]
+    accounting = timeline.accounting(gpus=2, busy_seconds=30.0, now=1110.0)
+    assert accounting.gpu_seconds_allocated == 2 * (110.0 + 100.0)
+    assert accounting.gpu_seconds_released == 2 * 800.0
+    assert accounting.gpu_seconds_active == 2 * 30.0
+    assert accounting.last_resume_to_ready_seconds == 15.0
+    assert accounting.last_resume_to_next_cell_seconds == 60.0
