@@ -304,7 +304,18 @@ class Orchestrator:
         record.activity = KernelActivity(last_activity=self._kernel_last_activity(kernel_id))
         kernel_policy = self.policy.for_kernelspec(kernel_name)
         record.gpus_needed = kernel_policy.gpus
-        if record.state not in RUNNING_STATES and record.path not in self._tasks:
+        if record.path in self._tasks:
+            pass  # our own resume attaches the kernel it started
+        elif record.state in ("paused", "failed") and self._latest_checkpoint(record):
+            # The notebook was opened again and JupyterLab started a fresh kernel: the session
+            # stays paused (that kernel has none of its state) until the user resumes into it.
+            self._set(
+                record,
+                record.state,
+                "A new kernel is running without the saved state: resume to restore "
+                f"checkpoint {self._latest_checkpoint(record)['id']} into it.",
+            )
+        elif record.state not in RUNNING_STATES:
             self._set(record, "active", "Running.")
         if not record.gpus and record.gpus_needed:
             record.gpus = self.backend.adopt(self._spec(record))
