@@ -16,6 +16,7 @@ Frames use cloudpickle, so functions, lambdas and classes defined in the noteboo
 
 from __future__ import annotations
 
+import contextvars
 import io
 import pickle
 import types
@@ -91,7 +92,19 @@ class Capture:
     types: dict[str, str] = field(default_factory=dict)
 
 
+# The C pickler saves exact instances of these before it asks reducer_override, so a reference
+# to another variable that is one of them can only be caught by persistent_id.
+_CONTAINER_TYPES = frozenset({dict, list, tuple, set, frozenset, bytearray})
+
+
 class _FramePickler(cloudpickle.Pickler):
+    """Tensors/arrays and other variables become references, through ``reducer_override``.
+
+    The C pickler calls ``reducer_override`` for objects other than ints, floats, strings and
+    plain containers, and never for memo hits, so a list of 100k small dicts pickles at C speed
+    (a ``persistent_id`` hook would be a Python call for every single object).
+    """
+
     def __init__(
         self,
         file: io.BytesIO,
@@ -108,20 +121,45 @@ class _FramePickler(cloudpickle.Pickler):
         self.arrays: dict[str, Any] = {}
         self.depends: set[str] = set()
 
-    def persistent_id(self, obj: Any) -> Any:
-        kind = type(obj)
-        if kind in _VALUE_TYPES:
-            return None
-        if kind in self._externals and _worth_external(obj):
-            key = self._keys.key_for(obj)
-            self.arrays[key] = obj
-            return ("a", key)
+    def _variable(self, obj: Any) -> str | None:
         ident = id(obj)
         if ident in self._others and ident not in self._own:
             name = self._others[ident]
             self.depends.add(name)
-            return ("v", name)
+            return name
         return None
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) in self._externals and _worth_external(obj):
+            key = self._keys.key_for(obj)
+            self.arrays[key] = obj
+            return _reference, ("a", key)
+        name = self._variable(obj)
+        if name is not None:
+            return _reference, ("v", name)
+        return super().reducer_override(obj)
+
+
+class _ContainerAwarePickler(_FramePickler):
+    """Used only when another variable is a plain container this frame might contain."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        if type(obj) in _CONTAINER_TYPES:
+            name = self._variable(obj)
+            if name is not None:
+                return ("v", name)
+        return None
+
+
+_ACTIVE_LOADER: contextvars.ContextVar[StateLoader] = contextvars.ContextVar("jupyter_pause_loader")
+
+
+def _reference(kind: str, key: str) -> Any:
+    """Resolves a reference written by ``reducer_override``, against the loader running now."""
+    loader = _ACTIVE_LOADER.get(None)
+    if loader is None:
+        raise pickle.UnpicklingError("a jupyter_pause frame can only be loaded by its checkpoint")
+    return loader.resolve(kind, key)
 
 
 def _holds_buffers(value: Any) -> bool:
@@ -139,8 +177,11 @@ def _worth_external(obj: Any) -> bool:
 
 
 def _identity_matters(value: Any) -> bool:
-    if type(value) in _VALUE_TYPES:
+    kind = type(value)
+    if kind in _VALUE_TYPES:
         return False
+    if kind in (tuple, frozenset) and all(type(item) in _VALUE_TYPES for item in value):
+        return False  # `shape = (28, 28)`: equal copies are as good as the same one
     # Importable functions and classes pickle by reference: a second copy is the same object.
     return not (
         isinstance(value, _BY_REFERENCE_TYPES)
@@ -154,12 +195,18 @@ def pickle_frame(
     others: dict[int, str],
     externals: tuple[type, ...],
     keys: ObjectKeys,
+    containers: frozenset[int] = frozenset(),
 ) -> tuple[bytes, dict[str, Any], set[str]]:
-    """Pickle one variable (or a group); returns the bytes, the arrays and variables it references."""
+    """Pickle one variable (or a group); returns the bytes, the arrays and variables it references.
+
+    ``others``: id -> name of the other variables' values; ``containers``: which of those ids
+    are plain containers (they need the slower ``persistent_id`` path to be caught).
+    """
     buffer = io.BytesIO()
     root: Any = values[0] if len(values) == 1 else tuple(values)
     own = {id(v) for v in values}
-    pickler = _FramePickler(buffer, own, others, externals, keys)
+    pickler_class = _ContainerAwarePickler if containers - own else _FramePickler
+    pickler = pickler_class(buffer, own, others, externals, keys)
     pickler.dump(root)
     return buffer.getvalue(), pickler.arrays, pickler.depends - set(names)
 
@@ -245,6 +292,9 @@ class Snapshotter:
                 if owner != name:
                     result.aliases[name] = owner
         others = {ident: name for ident, name in first_name.items()}
+        containers = frozenset(
+            ident for ident, name in others.items() if type(values[name]) in _CONTAINER_TYPES
+        )
         pickled: dict[str, tuple[bytes, dict[str, Any], set[str]]] = {}
         reused: dict[str, dict[str, Any]] = {}
         # Buffer-rich values first: their buffers start being written while the rest pickles.
@@ -259,7 +309,9 @@ class Snapshotter:
                 self._describe_all(record["arrays"], result)
                 continue
             try:
-                pickled[name] = pickle_frame([name], [value], others, externals, self.keys)
+                pickled[name] = pickle_frame(
+                    [name], [value], others, externals, self.keys, containers
+                )
             except Exception as err:  # any pickling failure skips this variable, with why
                 result.skipped[name] = describe_error(err)
                 continue
@@ -279,7 +331,7 @@ class Snapshotter:
                 continue
             try:
                 data, arrays, depends = pickle_frame(
-                    group, [values[n] for n in group], others, externals, self.keys
+                    group, [values[n] for n in group], others, externals, self.keys, containers
                 )
             except Exception as err:
                 for name in group:
@@ -356,12 +408,14 @@ class _FrameUnpickler(pickle.Unpickler):
         self._loader = loader
 
     def persistent_load(self, pid: Any) -> Any:
-        kind, key = pid
-        if kind == "a":
-            return self._loader.array(key)
-        if kind == "v":
-            return self._loader.variable(key)
-        raise pickle.UnpicklingError(f"unknown reference {pid!r}")
+        return self._loader.resolve(*pid)
+
+    def load(self) -> Any:
+        token = _ACTIVE_LOADER.set(self._loader)  # for references written by reducer_override
+        try:
+            return super().load()
+        finally:
+            _ACTIVE_LOADER.reset(token)
 
 
 class RestoreError(Exception):
@@ -397,6 +451,14 @@ class StateLoader:
         data = self._read_buffer(digest)
         owner = self._storage_owner.setdefault(digest, key)
         return data if owner == key else memoryview(bytearray(data))
+
+    def resolve(self, kind: str, key: str) -> Any:
+        """The object a frame's reference names: a tensor/array or another variable."""
+        if kind == "a":
+            return self.array(key)
+        if kind == "v":
+            return self.variable(key)
+        raise pickle.UnpicklingError(f"unknown reference {kind!r}")
 
     def buffer_count(self, name: str) -> int:
         """How many tensors/arrays a variable's frame references (0 for unknown names)."""
