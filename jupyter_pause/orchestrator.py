@@ -405,7 +405,7 @@ class Orchestrator:
         return {
             "id": latest,
             "created": manifest["created"],
-            "bytes": sum(b["nbytes"] for b in manifest["buffers"].values()),
+            "bytes": store_mod.manifest_bytes(manifest),
             "process_token": manifest["process_token"],
         }
 

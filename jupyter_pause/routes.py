@@ -159,11 +159,8 @@ class CheckpointsHandler(PauseAPIHandler):
                     "id": checkpoint_id,
                     "created": manifest["created"],
                     "reason": manifest.get("reason"),
-                    "bytes": sum(b["nbytes"] for b in manifest["buffers"].values()),
-                    "variables": sorted(
-                        [n for f in manifest["frames"] for n in f["names"]]
-                        + list(manifest.get("aliases", {}))
-                    ),
+                    "bytes": store_mod.manifest_bytes(manifest),
+                    "variables": store_mod.manifest_variables(manifest),
                     "skipped": manifest["skipped"],
                 }
             )

@@ -551,11 +551,8 @@ class Checkpointer(Configurable):
                 CheckpointInfo(
                     checkpoint_id=checkpoint_id,
                     created=manifest["created"],
-                    nbytes=sum(b["nbytes"] for b in manifest["buffers"].values()),
-                    variables=sorted(
-                        [n for f in manifest["frames"] for n in f["names"]]
-                        + list(manifest.get("aliases", {}))
-                    ),
+                    nbytes=store_mod.manifest_bytes(manifest),
+                    variables=store_mod.manifest_variables(manifest),
                     skipped=manifest["skipped"],
                     reason=manifest.get("reason", "manual"),
                     process_token=manifest["process_token"],

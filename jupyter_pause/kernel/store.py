@@ -652,6 +652,17 @@ class CheckpointWriter:
         self._pack_tmp.unlink(missing_ok=True)
 
 
+def manifest_bytes(manifest: dict[str, Any]) -> int:
+    """The data a checkpoint needs, shared buffers included."""
+    return sum(location["nbytes"] for location in manifest["buffers"].values())
+
+
+def manifest_variables(manifest: dict[str, Any]) -> list[str]:
+    """The variable names a checkpoint holds, aliases included."""
+    names = [name for frame in manifest["frames"] for name in frame["names"]]
+    return sorted(names + list(manifest.get("aliases", {})))
+
+
 def known_buffers(
     store: NotebookStore, manifest: dict[str, Any] | None
 ) -> dict[str, BufferLocation]:
