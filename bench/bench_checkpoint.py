@@ -42,6 +42,7 @@ TARGET_EXTRA_SAVE_MB = 64.0
 INCREMENTAL_BYTES_ALLOWANCE = 256 * 1024
 
 METHODS = ("pickle", "dill", "torch", "kishu", "jupyter_pause")
+REFERENCE = "raw"  # runs before the first and after every method run; fractions divide by it
 # Names IPython puts in user_ns on its own; they are not notebook state.
 IPYTHON_NAMES = {"In", "Out", "exit", "quit", "get_ipython", "open"}
 
@@ -203,6 +204,16 @@ def state_tensors(ns: dict[str, Any]) -> list[Any]:
     return list(ns["model"].state_dict().values()) + opt_state
 
 
+def state_buffers(ns: dict[str, Any]) -> list[memoryview]:
+    """The state as raw bytes: every tensor and array buffer, then the other values pickled."""
+    import numpy as np
+
+    arrays = [t.detach().reshape(-1).numpy() for t in state_tensors(ns)] + [ns["arr"]]
+    views = [memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)) for a in arrays]
+    rest = {k: v for k, v in ns.items() if k not in ("model", "optimizer", "arr")}
+    return [*views, memoryview(pickle.dumps(rest, protocol=5))]
+
+
 def state_bytes(ns: dict[str, Any]) -> int:
     objs_bytes = len(pickle.dumps(ns["objs"], protocol=5))
     return sum(t.nbytes for t in state_tensors(ns)) + ns["arr"].nbytes + objs_bytes
@@ -297,6 +308,32 @@ class Method:
 
     def restore(self) -> dict[str, Any]:
         raise NotImplementedError
+
+
+class RawMethod(Method):
+    """The disk's own speed, measured in the same harness as every method: the state's bytes
+    (every tensor and array buffer, then the pickled plain objects) written as one file with
+    write + fsync, and read back sequentially into one reused buffer. Fractions divide by it.
+
+    It runs in the same kind of processes at the same points as the methods, because on a
+    virtual machine the speed depends on when memory was last freed, not only on the disk:
+    here a cold read right after dropping the page cache ran at 2.6 GB/s, the same read 10 s
+    later at 0.8 GB/s. A sample taken elsewhere would compare unlike conditions."""
+
+    def save(self, n: int) -> None:
+        ns = user_state(self.shell.user_ns)
+        with open(self.store / f"raw.{n}.bin", "wb", buffering=0) as f:
+            for view in state_buffers(ns):
+                while view.nbytes:
+                    view = view[f.write(view) :]
+            os.fsync(f.fileno())
+
+    def restore(self) -> dict[str, Any]:
+        buf = bytearray(64 << 20)
+        with open(latest(self.store, "raw.*.bin"), "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+        return {}
 
 
 class PickleMethod(Method):
@@ -509,6 +546,7 @@ def latest(store: Path, pattern: str) -> Path:
 
 
 METHOD_CLASSES = {
+    "raw": RawMethod,
     "pickle": PickleMethod,
     "dill": DillMethod,
     "torch": TorchMethod,
@@ -643,9 +681,10 @@ def child_restore(method: Method) -> dict[str, Any]:
     t0 = time.perf_counter()
     with Profiler(f"{type(method).__name__}-restore"):
         ns = method.restore()
-        touch(ns)
+        if ns:  # the raw reference reads bytes back; it has no state to touch
+            touch(ns)
     seconds = time.perf_counter() - t0
-    fp = fingerprint(ns)
+    fp = fingerprint(ns) if ns else None
     return {
         "seconds": seconds,
         "setup_s": t0 - t_setup,
@@ -666,33 +705,6 @@ def run_child(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- orchestration
-
-
-def raw_disk(work: Path, nbytes: int) -> dict[str, Any]:
-    """The disk's own write+fsync and cold sequential read speed for the same number of bytes."""
-    chunk = os.urandom(64 * 1024 * 1024)  # incompressible, so no layer can cheat
-    path = work / "raw.bin"
-    t0 = time.perf_counter()
-    with open(path, "wb", buffering=0) as f:
-        left = nbytes
-        while left > 0:
-            left -= f.write(memoryview(chunk)[: min(left, len(chunk))])
-        os.fsync(f.fileno())
-    write_s = time.perf_counter() - t0
-    cache = drop_page_cache([path])
-    buf = bytearray(len(chunk))
-    t0 = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        while f.readinto(buf):
-            pass
-    read_s = time.perf_counter() - t0
-    path.unlink()
-    return {
-        "bytes": nbytes,
-        "write_mbps": nbytes / write_s / MB,
-        "read_mbps": nbytes / read_s / MB,
-        "cache_drop": cache,
-    }
 
 
 def spawn(args: argparse.Namespace, kind: str, method: str, store: Path) -> dict[str, Any]:
@@ -735,7 +747,9 @@ def run_method(args: argparse.Namespace, work: Path, method: str) -> dict[str, A
     shutil.rmtree(store, ignore_errors=True)
     if "error" in restored:
         return {**saved, "error": restored["error"]}
-    ok = restored["fingerprint"] == saved["fingerprint"]
+    ok = (
+        None if restored["fingerprint"] is None else restored["fingerprint"] == saved["fingerprint"]
+    )
     notes = [n for n in (saved["note"], restored.get("note")) if n]
     note = "; ".join(dict.fromkeys(notes))  # the shim note comes from both processes
     return {**saved, "restore": restored, "restore_cache_drop": cache, "ok": ok, "note": note}
@@ -816,8 +830,9 @@ def render(results: dict[str, Any], raw: dict[str, Any], meta: dict[str, Any]) -
         f"median of {meta['repeat']} run(s) per method, 1-min load average "
         f"{meta['loadavg_1min'][0]:.1f} at start / {meta['loadavg_1min'][1]:.1f} at end)",
         "",
-        f"Raw disk ({raw['samples']} samples, one between every two method runs, "
-        f"{raw['bytes'] / MB:.0f} MB each; median): write+fsync **{raw['write_mbps']:.0f} MB/s** "
+        f"Raw disk, measured by the `{REFERENCE}` reference ({raw['samples']} runs, before the "
+        f"first and after every method run, {raw['bytes'] / MB:.0f} MB each; median): "
+        f"write+fsync **{raw['write_mbps']:.0f} MB/s** "
         f"(range {raw['write_mbps_range'][0]:.0f}-{raw['write_mbps_range'][1]:.0f}), "
         f"cold sequential read **{raw['read_mbps']:.0f} MB/s** "
         f"(range {raw['read_mbps_range'][0]:.0f}-{raw['read_mbps_range'][1]:.0f}); "
@@ -827,7 +842,8 @@ def render(results: dict[str, Any], raw: dict[str, Any], meta: dict[str, Any]) -
         "|---" * (len(COLUMNS) + 3) + "|",
     ]
     notes = []
-    for name, row in results.items():
+    ordered = {REFERENCE: results[REFERENCE], **results} if REFERENCE in results else results
+    for name, row in ordered.items():
         d = row["derived"]
         if not d:
             lines.append(
@@ -836,10 +852,12 @@ def render(results: dict[str, Any], raw: dict[str, Any], meta: dict[str, Any]) -
                 + " |"
             )
             continue
-        checks = check_targets(d)
+        checks = check_targets(d) if name != REFERENCE else {}
         cells = [fmt(d.get(key), spec, checks.get(key)) for _, key, spec in COLUMNS]
         fails = [k for k, ok in checks.items() if not ok]
         verdict = "all PASS" if not fails else "FAIL: " + ", ".join(fails)
+        if name == REFERENCE:
+            verdict = "reference: the fractions' denominators"
         ok = {True: "yes", False: "NO (fingerprint differs)", None: "n/a"}[d.get("ok")]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {ok} | {verdict} |")
         if row.get("note"):
@@ -851,8 +869,10 @@ def render(results: dict[str, Any], raw: dict[str, Any], meta: dict[str, Any]) -
 
 
 STANDING_NOTES = [
-    "- save/restore frac compare each run with the mean of the two raw disk samples taken "
-    "right before and right after it (the disk's speed drifts), then take the median.",
+    f"- save/restore frac compare each run with the mean of the two `{REFERENCE}` runs right "
+    "before and right after it (the disk's speed drifts), then take the median. `raw` writes "
+    "the state's buffers as one file with write+fsync and reads it back sequentially, in the "
+    "same kind of processes at the same points as every method.",
     "- PASS/FAIL marks compare every row with jupyter_pause's targets; peers are not expected "
     "to meet them.",
     "- save s includes write + fsync; restore s runs in a fresh process from a cold page cache "
@@ -883,7 +903,9 @@ def faster_than_peers(results: dict[str, Any]) -> list[str]:
         peers = {
             n: r["derived"].get(key)
             for n, r in results.items()
-            if n != "jupyter_pause" and r["derived"] and r["derived"].get(key) is not None
+            if n not in ("jupyter_pause", REFERENCE)
+            and r["derived"]
+            and r["derived"].get(key) is not None
         }
         if me.get(key) is None or not peers:
             out.append(f"- {label}: n/a")
@@ -904,25 +926,28 @@ def orchestrate(args: argparse.Namespace) -> int:
     if args.profile:
         (RESULTS / "profile").mkdir(parents=True, exist_ok=True)
         os.environ["BENCH_PROFILE_DIR"] = str(RESULTS / "profile")
-    methods = args.methods.split(",") if args.methods else list(METHODS)
-    nbytes = expected_state_bytes(args.scale)
+    methods = [m for m in (args.methods.split(",") if args.methods else METHODS) if m != REFERENCE]
     load_start = os.getloadavg()[0]
-    # A virtual disk's speed drifts (host caches, throttling), so it is sampled between every
-    # two method runs and each run is compared with the mean of the samples around it.
-    samples = [raw_disk(work, nbytes)]
+    # The disk's (and the VM's) speed drifts, so the raw reference runs before the first and
+    # after every method run, and each run is compared with the mean of the two around it.
+    references = [run_reference(args, work)]
     results: dict[str, Any] = {}
     for method in methods:
         runs = []
         for i in range(args.repeat):
             print(f"[bench] {method} run {i + 1}/{args.repeat}", file=sys.stderr, flush=True)
             run = run_method(args, work, method)
-            samples.append(raw_disk(work, nbytes))
-            run["raw"] = paired_raw(samples[-2:])
+            references.append(run_reference(args, work))
+            run["raw"] = paired_raw(references[-2:])
             runs.append(run)
         results[method] = {"runs": runs, **{k: first(runs, k) for k in ("note", "error")}}
-    raw = summarize_raw(samples)
+    raw = summarize_raw(references)
+    for reference in references:
+        reference["raw"] = paired_raw([reference])
+    results[REFERENCE] = {"runs": references, "note": "", "error": ""}
     for row in results.values():
         row["derived"] = combine([derive(run, run["raw"]) for run in row["runs"]])
+    nbytes = references[0]["state_bytes"]
     meta = {
         "when": time.strftime("%Y-%m-%d %H:%M"),
         "scale": args.scale,
@@ -956,8 +981,21 @@ def combine(derived: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in good[0] if good else ():
         values = [d[key] for d in good if key in d]
-        out[key] = all(values) if key == "ok" else statistics.median(values)
+        if key == "ok":  # None: nothing to check (the raw reference)
+            out[key] = None if None in values else all(values)
+        else:
+            out[key] = statistics.median(values)
     return out
+
+
+def run_reference(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """One run of the raw reference, with its speeds; the benchmark is void without it."""
+    run = run_method(args, work, REFERENCE)
+    if "error" in run:
+        raise SystemExit(f"the raw disk reference failed: {run['error']}")
+    run["write_mbps"] = run["state_bytes"] / run["save"]["seconds"] / MB
+    run["read_mbps"] = run["state_bytes"] / run["restore"]["seconds"] / MB
+    return run
 
 
 def paired_raw(around: list[dict[str, Any]]) -> dict[str, float]:
@@ -968,7 +1006,10 @@ def summarize_raw(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """Median of the samples (what fractions use) plus the spread, which the table shows."""
     import statistics
 
-    out: dict[str, Any] = {"bytes": samples[0]["bytes"], "cache_drop": samples[0]["cache_drop"]}
+    out: dict[str, Any] = {
+        "bytes": samples[0]["state_bytes"],
+        "cache_drop": samples[0]["restore_cache_drop"],
+    }
     for key in ("write_mbps", "read_mbps"):
         values = sorted(s[key] for s in samples)
         out[key] = statistics.median(values)
@@ -976,18 +1017,6 @@ def summarize_raw(samples: list[dict[str, Any]]) -> dict[str, Any]:
     out["samples"] = len(samples)
     out["all"] = [(round(s["write_mbps"]), round(s["read_mbps"])) for s in samples]
     return out
-
-
-def expected_state_bytes(scale: float) -> int:
-    """Bytes of the workload's tensors, array and pickled dicts, without building the model."""
-    w = workload(scale)
-    params = w["depth"] * (w["width"] ** 2 + w["width"])
-    adam_steps = 2 * w["depth"] * 4  # one float32 'step' tensor per parameter tensor
-    objs = [
-        {"id": i, "name": f"item{i}", "score": i * 0.5, "tags": ["a", "b"]}
-        for i in range(w["n_objs"])
-    ]
-    return params * 4 * 3 + adam_steps + w["n_arr"] * 8 + len(pickle.dumps(objs, protocol=5))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

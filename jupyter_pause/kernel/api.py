@@ -8,6 +8,7 @@ Results are dataclasses; the magics format them, the server reads them as JSON.
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import os
 import platform
@@ -450,6 +451,10 @@ class Checkpointer(Configurable):
     ) -> RestoreResult:
         """Load a checkpoint (the latest by default) into the namespace, all or some variables."""
         started = time.perf_counter()
+        # Unpickling many small containers (100k dicts) would run the cyclic collector hundreds
+        # of times, each pass walking the notebook's whole heap: 0.28 s -> 0.05 s without it.
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             with self.store.locked():  # no collection may unlink files while we map them
                 return self._restore_locked(checkpoint_id, names, started)
@@ -459,6 +464,9 @@ class Checkpointer(Configurable):
             raise CheckpointError(
                 f"Restore failed: {err.strerror or err} ({err.filename})."
             ) from None
+        finally:
+            if collecting:
+                gc.enable()
 
     def _restore_locked(
         self, checkpoint_id: int | None, names: list[str] | None, started: float
@@ -471,7 +479,27 @@ class Checkpointer(Configurable):
                     f"No checkpoint yet for {self.key}: run %checkpoint to save one."
                 )
         manifest = store.read_manifest(checkpoint_id)
-        store.prefetch({location["file"] for location in manifest["buffers"].values()})
+        # A whole restore reads every file: start that now. A partial one reads what it needs.
+        prefetch = (
+            store.prefetch([location["file"] for location in manifest["buffers"].values()])
+            if names is None
+            else None
+        )
+        try:
+            return self._load_variables(manifest, checkpoint_id, names, started)
+        finally:
+            if prefetch is not None:
+                prefetch.join()
+            store.release_maps()
+
+    def _load_variables(
+        self,
+        manifest: dict[str, Any],
+        checkpoint_id: int,
+        names: list[str] | None,
+        started: float,
+    ) -> RestoreResult:
+        store = self.store
         verified: set[str] = set()
         bytes_read = 0
 
@@ -521,7 +549,6 @@ class Checkpointer(Configurable):
                 rng = set_rng_states(_unpickle_plain(read_buffer(manifest["rng"])))
             except Exception as err:  # an RNG state is never worth failing a restore for
                 loader.rebuilder.warnings.append(f"random generator states not restored: {err}")
-        store.release_maps()
         if names is None and not failed:
             self._remember_base(checkpoint_id, values)
         not_saved = {} if names else dict(manifest["skipped"])

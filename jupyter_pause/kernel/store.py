@@ -27,11 +27,14 @@ import os
 import re
 import stat
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .datafile import DataFileWriter
 
 MANIFEST_FORMAT = 1
 # Buffers this large get a file of their own: collected exactly, never rewritten. Smaller ones
@@ -195,6 +198,46 @@ def _syncfs(path: Path) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def _readahead_step(path: Path) -> int:
+    """The most one ``posix_fadvise(WILLNEED)`` call reads: Linux caps it at the device's
+    readahead window or largest request, whichever is larger (128 KiB when unknown)."""
+    kib = 0
+    try:
+        st_dev = os.stat(path).st_dev
+        device = f"{os.major(st_dev)}:{os.minor(st_dev)}"
+        for queue in (f"/sys/dev/block/{device}/queue", f"/sys/dev/block/{device}/../queue"):
+            for setting in ("read_ahead_kb", "max_sectors_kb"):
+                with contextlib.suppress(OSError, ValueError):
+                    kib = max(kib, int(Path(queue, setting).read_text()))
+    except OSError:
+        pass
+    return max(128, kib) * 1024
+
+
+def _read_ahead(files: list[Path]) -> None:
+    """Ask for every page of the files, one readahead window per call.
+
+    Each call only queues reads, so the disk gets many requests at once: measured here, a
+    fresh process touching 708 MB of mapped files ran at 0.7 GB/s on page faults alone and at
+    2.4 GB/s after this (a plain sequential ``read()``: 0.6-2 GB/s). The system calls release
+    the GIL, so this runs beside the unpickling.
+    """
+    for path in files:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue  # reported when the restore reads the buffer
+        try:
+            step = _readahead_step(path)
+            size = os.fstat(fd).st_size
+            for offset in range(0, size, step):
+                os.posix_fadvise(fd, offset, step, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass  # readahead is an optimisation; the page faults read what is missing
+        finally:
+            os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -386,15 +429,18 @@ class NotebookStore:
         self._maps[name] = mapped
         return mapped
 
-    def prefetch(self, files: set[str]) -> None:
-        """Start reading every file a restore needs, so later page faults find them cached."""
-        for name in files:
-            with contextlib.suppress(OSError):
-                fd = os.open(self.path / name, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-                finally:
-                    os.close(fd)
+    def prefetch(self, files: list[str]) -> threading.Thread:
+        """Start reading the files a restore needs, in order, on a thread; join it when done.
+
+        The caller unpickles plain objects meanwhile, and its page faults on the mapped
+        buffers then find the data in memory or already on its way.
+        """
+        paths = [self.path / name for name in dict.fromkeys(files)]
+        thread = threading.Thread(
+            target=_read_ahead, args=(paths,), name="jupyter-pause-prefetch", daemon=True
+        )
+        thread.start()
+        return thread
 
     def release_maps(self) -> None:
         """Forget our references; live arrays keep their own maps alive as long as they need."""
@@ -550,11 +596,10 @@ class CheckpointWriter:
         # checkpoint. Compaction passes its own prefix, so its leftovers are not mistaken for one.
         self._prefix = prefix or f"{checkpoint_id:06d}-{os.getpid()}"
         self._tmp = store.path / "tmp"
-        self._pending: list[tuple[int, Path, Path]] = []  # (fd, temp path, final path)
-        self._pack_fd: int | None = None
+        self._pending: list[tuple[DataFileWriter, Path]] = []  # (file in tmp/, final path)
+        self._pack: DataFileWriter | None = None
         self._pack_name = f"packs/{self._prefix}-{os.urandom(4).hex()}.pack"
         self._pack_tmp = self._tmp / f"{self._prefix}.pack.partial"
-        self._pack_size = 0
 
     def add(self, digest: str, data: memoryview | None) -> BufferLocation:
         """Store one buffer under its content hash, reusing an earlier copy when there is one.
@@ -574,14 +619,13 @@ class CheckpointWriter:
             rel = f"blobs/{digest[:2]}/{digest}"
             final = self.store.path / rel
             if final.exists():  # written by another checkpoint since we listed the store
-                location = BufferLocation(rel, 0, nbytes)
+                # A blob file is the buffer after under a page of alignment padding.
+                location = BufferLocation(rel, final.stat().st_size - nbytes, nbytes)
                 self.stats.bytes_reused += nbytes
             else:
-                temp = self._tmp / f"{self._prefix}.{digest}.partial"
-                fd = _open_new_private(temp)
-                self._pending.append((fd, temp, final))
-                _write_all(fd, data)
-                location = BufferLocation(rel, 0, nbytes)
+                blob = DataFileWriter(self._tmp / f"{self._prefix}.{digest}.partial")
+                self._pending.append((blob, final))
+                location = BufferLocation(rel, blob.append(data, _PAGE), nbytes)
                 self.stats.bytes_written += nbytes
         else:
             location = self.append(data)
@@ -591,17 +635,11 @@ class CheckpointWriter:
     def append(self, data: memoryview) -> BufferLocation:
         """Add a buffer to this checkpoint's pack (no dedup: ``add`` is the way in for that)."""
         nbytes = data.nbytes
-        if self._pack_fd is None:
-            self._pack_fd = _open_new_private(self._pack_tmp)
-        padding = -self._pack_size % (_PAGE if nbytes >= _PAGE else _ALIGN)
-        if padding:
-            _write_all(self._pack_fd, memoryview(b"\0" * padding))
-            self._pack_size += padding
-        location = BufferLocation(self._pack_name, self._pack_size, nbytes)
-        _write_all(self._pack_fd, data)
-        self._pack_size += nbytes
+        if self._pack is None:
+            self._pack = DataFileWriter(self._pack_tmp)
+        offset = self._pack.append(data, _PAGE if nbytes >= _PAGE else _ALIGN)
         self.stats.bytes_written += nbytes
-        return location
+        return BufferLocation(self._pack_name, offset, nbytes)
 
     def commit(self, manifest: dict[str, Any]) -> Path:
         """Make every data file durable and put it in place, then write the manifest."""
@@ -617,39 +655,44 @@ class CheckpointWriter:
         One ``syncfs`` flushes all files at once; where it is missing, each file and folder
         is fsynced.
         """
-        renames = [(temp, final) for _fd, temp, final in self._pending]
-        fds = [fd for fd, _temp, _final in self._pending]
-        if self._pack_fd is not None:
-            renames.append((self._pack_tmp, self.store.path / self._pack_name))
-            fds.append(self._pack_fd)
+        files = [(data_file, final) for data_file, final in self._pending]
+        if self._pack is not None:
+            files.append((self._pack, self.store.path / self._pack_name))
         self._pending.clear()
-        self._pack_fd = None
-        if not renames:
+        self._pack = None
+        if not files:
             return
-        # A few files (an incremental checkpoint): fsync them; many: one syncfs for all.
-        flushed = len(fds) > _FSYNC_AT_MOST and _syncfs(self.store.path)
-        for fd in fds:
+        try:
+            for data_file, _final in files:
+                data_file.finish()
+            # A few files (an incremental checkpoint): fsync them; many: one syncfs for all.
+            flushed = len(files) > _FSYNC_AT_MOST and _syncfs(self.store.path)
             if not flushed:
-                os.fsync(fd)
-            os.close(fd)
-        for temp, final in renames:
+                for data_file, _final in files:
+                    os.fsync(data_file.fd)
+        except BaseException:
+            for data_file, _final in files:
+                data_file.close()
+                data_file.path.unlink(missing_ok=True)
+            raise
+        for data_file, final in files:
+            data_file.close()
             final.parent.mkdir(mode=0o700, exist_ok=True)
-            os.replace(temp, final)
+            os.replace(data_file.path, final)
         # The renames must be durable before the manifest that points at them.
         if not (flushed and _syncfs(self.store.path)):
-            for folder in {final.parent for _temp, final in renames}:
+            for folder in {final.parent for _data_file, final in files}:
                 _fsync_dir(folder)
 
     def abort(self) -> None:
         """Remove everything this writer left in tmp/; the previous checkpoint is untouched."""
-        for fd, temp, _final in self._pending:
-            os.close(fd)
-            temp.unlink(missing_ok=True)
+        if self._pack is not None:
+            self._pending.append((self._pack, self._pack.path))
+            self._pack = None
+        for data_file, _final in self._pending:
+            data_file.close()
+            data_file.path.unlink(missing_ok=True)
         self._pending.clear()
-        if self._pack_fd is not None:
-            os.close(self._pack_fd)
-            self._pack_fd = None
-        self._pack_tmp.unlink(missing_ok=True)
 
 
 def manifest_bytes(manifest: dict[str, Any]) -> int:
