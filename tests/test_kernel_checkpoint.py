@@ -212,7 +212,7 @@ def test_incremental_checkpoint_rewrites_nothing_unchanged(start_kernel: KernelF
     assert second["bytes_written"] < 64 * 1024
     assert second["bytes_reused"] >= data_bytes
 
-    # an in-place update of a tensor through any path is found by its content hash
+    # an in-place update of a tensor the cell names is re-hashed and written
     kernel.ok("weights.add_(1.0)")
     third = checkpoint(kernel)
     assert 4 * 1024 * 1024 <= third["bytes_written"] < 4 * 1024 * 1024 + 64 * 1024
@@ -226,6 +226,44 @@ def test_incremental_checkpoint_rewrites_nothing_unchanged(start_kernel: KernelF
     fresh.ok("%load_ext jupyter_pause\n%checkpoint restore")
     assert fresh.value("[len(objects), objects[-1], lr]") == [50_001, {"i": -1}, 0.2]
     assert fresh.value("weights.sum().item()") == kernel.value("weights.sum().item()")
+
+
+def test_changes_behind_the_cell_analysis(start_kernel: KernelFactory, tmp_path: Path) -> None:
+    """Buffers only unchanged variables reference keep their hash without being re-read:
+    PyTorch's version counters catch in-place changes the cells do not show; numpy arrays
+    have none, so a checkpoint for a pause (or --full) re-hashes everything."""
+    (tmp_path / "behind.py").write_text(
+        "import __main__\n"
+        "def step():\n    __main__.weights.mul_(2)\n"
+        "def poke(i):\n    __main__.array[i, i] = 42.0 + i\n"
+    )
+    kernel = start_kernel()
+    kernel.ok(
+        f"%load_ext jupyter_pause\nimport sys\nsys.path.insert(0, {str(tmp_path)!r})\n"
+        "import behind, jupyter_pause, numpy as np, torch\n"
+        "from jupyter_pause.kernel import api\n"
+        "weights = torch.ones(1024, 1024)\narray = np.zeros((512, 512))"
+    )
+
+    def save(call: str = "jupyter_pause.checkpoint()") -> dict:
+        # A cell calling __import__ would defeat the cell analysis; these are plain calls.
+        return kernel.value(f"{call}.to_json()")
+
+    save()
+    tensor_bytes, array_bytes = 4 * 1024 * 1024, 8 * 512 * 512
+    kernel.ok("behind.step()")  # names neither variable; the tensor's version counter moves
+    assert save()["bytes_written"] >= tensor_bytes
+
+    kernel.ok("behind.poke(0)")
+    assert save()["bytes_written"] < 64 * 1024  # the documented trade-off: not re-read
+    assert save("jupyter_pause.checkpoint(full=True)")["bytes_written"] >= array_bytes
+
+    kernel.ok("behind.poke(1)")
+    assert save("api.current().checkpoint(reason='pause')")["bytes_written"] >= array_bytes
+
+    fresh = start_kernel()
+    fresh.ok("%load_ext jupyter_pause\n%checkpoint restore")
+    assert fresh.value("[weights[0, 0].item(), array[0, 0], array[1, 1]]") == [2.0, 42.0, 43.0]
 
 
 def test_marks_list_restore_named_and_delete(start_kernel: KernelFactory) -> None:

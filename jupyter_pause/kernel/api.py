@@ -26,7 +26,7 @@ from traitlets.config import Configurable
 
 from ..formatting import format_bytes
 from . import store as store_mod
-from .arrays import content_hash
+from .arrays import Storage, content_hash
 from .capture import rng_states, select_variables, set_rng_states
 from .state import ObjectKeys, RestoreError, Snapshotter, StateLoader, pickle_frame
 from .token import process_token
@@ -187,6 +187,14 @@ class Checkpointer(Configurable):
         True, help="Check every buffer's content hash when restoring (xxh3, tens of GB/s)."
     ).tag(config=True)
 
+    trust_change_tracking = Bool(
+        True,
+        help="Let an incremental checkpoint skip re-hashing the tensors/arrays that only "
+        "unchanged variables reference (unchanged: no cell since the last checkpoint mentions "
+        "them, and PyTorch's version counters of their tensors did not move). Checkpoints "
+        "taken for a pause or before culling, and %checkpoint --full, re-hash everything.",
+    ).tag(config=True)
+
     @default("store_root")
     def _default_store_root(self) -> str:
         return str(store_mod.default_store_root())
@@ -215,6 +223,8 @@ class Checkpointer(Configurable):
         self._marked: list[str] = []
         self._base_id: int | None = None  # the checkpoint the live namespace was last synced with
         self._base_ids: dict[str, int] = {}  # id() of each variable at that checkpoint
+        # Buffers of that checkpoint: identity -> (content hash, version counters of its tensors)
+        self._base_storages: dict[tuple[str, int, int], tuple[str, dict[str, int | None]]] = {}
         self.on_checkpoint: list[Callable[[CheckpointResult], None]] = []
 
     def set_key(self, key: str) -> None:
@@ -223,6 +233,7 @@ class Checkpointer(Configurable):
         self.store = store_mod.NotebookStore(Path(self.store_root), key)
         self._base_id = None
         self._base_ids = {}
+        self._base_storages = {}
 
     # -- marking ---------------------------------------------------------------------------------
     def keep(self, *names: str) -> list[str]:
@@ -292,7 +303,12 @@ class Checkpointer(Configurable):
         intent = store.path / "tmp" / f"{checkpoint_id:06d}-{os.getpid()}.intent"
         store_mod.write_private(intent, json.dumps({"started": time.time()}).encode())
         writer = store.begin(checkpoint_id, known)
-        background = _BufferWriter(writer, progress)
+        trusted = (
+            self._base_storages
+            if previous and self.trust_change_tracking and reason not in _VERIFIED_REASONS
+            else {}
+        )
+        background = _BufferWriter(writer, progress, trusted)
         # The writer thread needs the GIL back after every write; the default 5 ms switch
         # interval would idle the disk that long per buffer while the main thread pickles.
         switch_interval = sys.getswitchinterval()
@@ -306,9 +322,21 @@ class Checkpointer(Configurable):
                     lambda data: content_hash(memoryview(data)),
                     on_storage=background.submit,
                 )
+            except BaseException:
+                background.finish(None)
+                raise
             finally:
-                storages = background.finish()
                 sys.setswitchinterval(switch_interval)
+            versions = self._storage_versions(capture)
+            fresh = _storages_of_new_frames(capture)
+
+            def changed(storage: Storage) -> bool:
+                return (
+                    storage.key in fresh
+                    or versions.get(storage.key, {}) != trusted[storage.identity][1]
+                )
+
+            storages = background.finish(changed)
             skipped.update(capture.skipped)
             frames = []
             for frame in capture.frames:
@@ -354,6 +382,11 @@ class Checkpointer(Configurable):
         retired = store._retention_locked(self.keep_last, self.max_age_hours * 3600, self.max_bytes)
         store._collect_locked()
         self._remember_base(checkpoint_id, values)
+        self._base_storages = {
+            storage.identity: (storages[storage.key]["buffer"], versions.get(storage.key, {}))
+            for storage in capture.describer.storages.values()
+            if storage.key in storages
+        }
         saved = sorted([n for f in capture.frames for n in f.names] + list(capture.aliases))
         total = sum(loc.nbytes for loc in writer.used.values())
         return CheckpointResult(
@@ -370,6 +403,25 @@ class Checkpointer(Configurable):
             torn=[t.checkpoint_id for t in torn],
             retired=retired,
         )
+
+    def _storage_versions(self, capture: Any) -> dict[str, dict[str, int | None]]:
+        """Storage key -> version counter of every tensor viewing it (None: not tracked).
+
+        PyTorch bumps a tensor's counter on every in-place change, through any code path
+        except writes through ``tensor.data`` or memory shared outside PyTorch; those are
+        covered by the cell analysis (a cell that does them mentions the variable).
+        """
+        versions: dict[str, dict[str, int | None]] = {}
+        for key, record in capture.objects.items():
+            if record["kind"] != "torch":
+                continue
+            tensor = self.keys.lookup(key)
+            try:
+                version = tensor._version
+            except (AttributeError, RuntimeError):  # inference tensors keep no counter
+                version = None
+            versions.setdefault(record["storage"], {})[key] = version
+        return versions
 
     def _rng_frame(self) -> tuple[bytes, str]:
         data, _arrays, _deps = pickle_frame(["__rng__"], [rng_states()], {}, (), self.keys)
@@ -486,7 +538,7 @@ class Checkpointer(Configurable):
             else None
         )
         try:
-            return self._load_variables(manifest, checkpoint_id, names, started)
+            return self._load_variables(manifest, checkpoint_id, names, started, prefetch)
         finally:
             if prefetch is not None:
                 prefetch.join()
@@ -498,6 +550,7 @@ class Checkpointer(Configurable):
         checkpoint_id: int,
         names: list[str] | None,
         started: float,
+        prefetch: threading.Thread | None,
     ) -> RestoreResult:
         store = self.store
         verified: set[str] = set()
@@ -508,6 +561,10 @@ class Checkpointer(Configurable):
             location = manifest["buffers"].get(digest)
             if location is None:
                 raise store_mod.StoreError(f"checkpoint {checkpoint_id} lacks buffer {digest}")
+            # Every read must be queued before a large buffer is touched: its page faults hold
+            # the GIL until the pages arrive, which would starve the thread queueing the rest.
+            if prefetch is not None and location["nbytes"] >= _LARGE_READ:
+                prefetch.join()
             data = store.open_buffer(location)
             if digest not in verified:
                 if self.verify and content_hash(data) != digest:
@@ -613,34 +670,63 @@ class Checkpointer(Configurable):
         return self.scheduler.set_interval(interval)
 
 
+_LARGE_READ = 1 << 20
+
+# Checkpoints that must hold exactly what is in memory: every buffer is re-hashed for them.
+_VERIFIED_REASONS = frozenset({"pause", "before-cull"})
+
+
+def _storages_of_new_frames(capture: Any) -> set[str]:
+    """Storages that re-pickled variables reference: what those variables hold may be new."""
+    return {
+        capture.objects[key]["storage"]
+        for frame in capture.frames
+        if frame.data is not None
+        for key in frame.arrays
+    }
+
+
 class _BufferWriter:
     """Hashes and writes tensor/array buffers on a thread while the main thread pickles.
 
     ``os.write`` releases the GIL, so with two cores the pickling of the remaining variables
-    costs (almost) nothing on top of the disk time.
+    costs (almost) nothing on top of the disk time. Buffers in ``trusted`` (those of the last
+    checkpoint, by identity) wait until the caller knows whether anything may have changed
+    them: then they are re-hashed, or keep their hash without reading 700 MB again.
     """
 
-    def __init__(self, writer: store_mod.CheckpointWriter, progress: ProgressCallback | None):
+    def __init__(
+        self,
+        writer: store_mod.CheckpointWriter,
+        progress: ProgressCallback | None,
+        trusted: dict[tuple[str, int, int], tuple[str, dict[str, int | None]]],
+    ):
         self.writer = writer
         self.progress = progress
         self.storages: dict[str, dict[str, Any]] = {}
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._trusted = trusted
+        self._deferred: list[Storage] = []
+        self._queue: queue.SimpleQueue[tuple[Storage, str | None] | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._submitted = 0
         self._done = 0
         self._thread = threading.Thread(target=self._run, name="jupyter-pause-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, storage: Any) -> None:
+    def submit(self, storage: Storage) -> None:
         self._submitted += storage.data.nbytes
-        self._queue.put(storage)
+        if storage.identity in self._trusted:
+            self._deferred.append(storage)
+        else:
+            self._queue.put((storage, None))
 
     def _run(self) -> None:
-        while (storage := self._queue.get()) is not None:
+        while (item := self._queue.get()) is not None:
+            storage, digest = item
             if self._error is not None:
                 continue  # drain: the checkpoint is being abandoned
             try:
-                digest = content_hash(storage.data)
+                digest = digest or content_hash(storage.data)
                 self.writer.add(digest, storage.data)
             except BaseException as err:  # handed to the main thread by finish()
                 self._error = err
@@ -654,8 +740,15 @@ class _BufferWriter:
             if self.progress:
                 self.progress("writing", self._done, self._submitted)
 
-    def finish(self) -> dict[str, dict[str, Any]]:
-        """Wait for every submitted buffer; re-raise a write error in the caller's thread."""
+    def finish(self, changed: Callable[[Storage], bool] | None) -> dict[str, dict[str, Any]]:
+        """Settle the deferred buffers, wait for every buffer, re-raise a write error here.
+
+        ``changed(storage)`` says whether a trusted buffer must be re-hashed; None abandons
+        the checkpoint (nothing deferred is written).
+        """
+        for storage in self._deferred if changed is not None else ():
+            trusted_digest = None if changed(storage) else self._trusted[storage.identity][0]
+            self._queue.put((storage, trusted_digest))
         self._queue.put(None)
         self._thread.join()
         if self._error is not None:

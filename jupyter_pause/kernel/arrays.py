@@ -19,7 +19,7 @@ import xxhash
 
 
 def content_hash(data: memoryview) -> str:
-    """xxh3-128: tens of GB/s, so hashing every buffer at each checkpoint costs little."""
+    """xxh3-128: tens of GB/s, so re-hashing what may have changed costs little."""
     return xxhash.xxh3_128_hexdigest(data)
 
 
@@ -50,6 +50,11 @@ class Storage:
     data: memoryview
     owner: Any  # keeps the memory alive while we write it
     device: str
+    address: int  # where it lives on its device; with device and size, its identity
+
+    @property
+    def identity(self) -> tuple[str, int, int]:
+        return (self.device, self.address, self.data.nbytes)
 
 
 class Describer:
@@ -65,7 +70,7 @@ class Describer:
         found = self.storages.get(ident)
         if found is None or found.data.nbytes < nbytes:
             key = found.key if found else f"s{len(self.storages)}"
-            found = Storage(key, data_fn(), owner, device)
+            found = Storage(key, data_fn(), owner, device, ptr)
             self.storages[ident] = found
             if self._on_new is not None:
                 self._on_new(found)

@@ -5,7 +5,8 @@ notebook-defined function or method it can reach mentions. A variable not touche
 last checkpoint and still bound to the same object keeps its frame from that checkpoint, so
 an incremental checkpoint re-pickles only what the cells worked on. Anything the analysis
 cannot follow (``exec``, ``globals()``, most magics) marks every variable as touched.
-Tensor and array contents are always re-hashed, so in-place updates through any path count.
+The buffers such a variable references also keep their content hash unless a PyTorch version
+counter moved (``Checkpointer.trust_change_tracking``); checkpoints for a pause re-hash all.
 """
 
 from __future__ import annotations
