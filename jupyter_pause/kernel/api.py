@@ -714,7 +714,7 @@ class _BufferWriter:
         self._thread.start()
 
     def submit(self, storage: Storage) -> None:
-        self._submitted += storage.data.nbytes
+        self._submitted += storage.nbytes
         if storage.identity in self._trusted:
             self._deferred.append(storage)
         else:
@@ -726,17 +726,20 @@ class _BufferWriter:
             if self._error is not None:
                 continue  # drain: the checkpoint is being abandoned
             try:
-                digest = digest or content_hash(storage.data)
-                self.writer.add(digest, storage.data)
+                if digest is not None and self.writer.holds(digest):
+                    self.writer.add(digest, None)  # trusted and stored: not even fetched
+                else:
+                    digest = content_hash(storage.data)
+                    self.writer.add(digest, storage.data)
             except BaseException as err:  # handed to the main thread by finish()
                 self._error = err
                 continue
             self.storages[storage.key] = {
                 "buffer": digest,
-                "nbytes": storage.data.nbytes,
+                "nbytes": storage.nbytes,
                 "device": storage.device,
             }
-            self._done += storage.data.nbytes
+            self._done += storage.nbytes
             if self.progress:
                 self.progress("writing", self._done, self._submitted)
 

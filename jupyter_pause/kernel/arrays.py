@@ -47,14 +47,23 @@ class Storage:
     """One buffer to write: a torch storage or the base memory of numpy arrays."""
 
     key: str
-    data: memoryview
+    nbytes: int
     owner: Any  # keeps the memory alive while we write it
     device: str
     address: int  # where it lives on its device; with device and size, its identity
+    fetch: Callable[[], memoryview]  # its bytes in host memory (a device buffer is copied)
+    _data: memoryview | None = None
 
     @property
     def identity(self) -> tuple[str, int, int]:
-        return (self.device, self.address, self.data.nbytes)
+        return (self.device, self.address, self.nbytes)
+
+    @property
+    def data(self) -> memoryview:
+        """Fetched on first use, so a device buffer known to be unchanged is never copied."""
+        if self._data is None:
+            self._data = self.fetch()
+        return self._data
 
 
 class Describer:
@@ -68,9 +77,9 @@ class Describer:
     def _storage(self, device: str, ptr: int, nbytes: int, owner: Any, data_fn: Any) -> str:
         ident = (device, ptr)
         found = self.storages.get(ident)
-        if found is None or found.data.nbytes < nbytes:
+        if found is None or found.nbytes < nbytes:
             key = found.key if found else f"s{len(self.storages)}"
-            found = Storage(key, data_fn(), owner, device, ptr)
+            found = Storage(key, nbytes, owner, device, ptr, data_fn)
             self.storages[ident] = found
             if self._on_new is not None:
                 self._on_new(found)
@@ -104,8 +113,13 @@ class Describer:
 
             owner: Any = storage
         else:
-            # Copy device memory to the host once per storage; done lazily in the writer.
+            # Copy device memory to the host once per storage, in the writer thread, and only
+            # if the buffer has to be hashed or written.
+            on = tensor.device
+
             def data_fn() -> memoryview:
+                if on.type == "cuda":  # this thread's stream must not overtake the user's
+                    torch.cuda.synchronize(on)
                 host = torch.empty(nbytes, dtype=torch.uint8)
                 host.untyped_storage().copy_(storage)
                 self._keepalive.append(host)

@@ -601,6 +601,10 @@ class CheckpointWriter:
         self._pack_name = f"packs/{self._prefix}-{os.urandom(4).hex()}.pack"
         self._pack_tmp = self._tmp / f"{self._prefix}.pack.partial"
 
+    def holds(self, digest: str) -> bool:
+        """Whether a buffer with this hash is in this checkpoint or one it may reuse."""
+        return digest in self.used or digest in self.known
+
     def add(self, digest: str, data: memoryview | None) -> BufferLocation:
         """Store one buffer under its content hash, reusing an earlier copy when there is one.
 
