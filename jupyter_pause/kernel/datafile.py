@@ -33,6 +33,14 @@ _ZEROS = bytes(ALIGN)
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
+def open_new_private(path: Path, extra_flags: int = 0) -> int:
+    """Create ``path`` for writing, owner-only, failing if it exists."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | extra_flags
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)  # the umask must not widen (or narrow) what we promise
+    return fd
+
+
 def buffer_address(data: memoryview) -> int | None:
     """The address of a writable buffer's first byte (None for read-only or empty ones)."""
     try:
@@ -49,19 +57,17 @@ class DataFileWriter:
     """Appends buffers to a new owner-only file; the caller fsyncs ``fd`` after ``finish``."""
 
     def __init__(self, path: Path, *, direct: bool = True) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         self.path = path
         self.fd = -1
         self.direct = False
         if direct and _O_DIRECT:
             try:
-                self.fd = os.open(path, flags | _O_DIRECT, 0o600)
+                self.fd = open_new_private(path, _O_DIRECT)
                 self.direct = True
             except OSError:  # EINVAL: this filesystem has no O_DIRECT
                 path.unlink(missing_ok=True)
         if self.fd < 0:
-            self.fd = os.open(path, flags, 0o600)
-        os.fchmod(self.fd, 0o600)  # the umask must not widen (or narrow) what we promise
+            self.fd = open_new_private(path)
         self.size = 0  # bytes of data (and padding) appended so far
         self._stage = mmap.mmap(-1, _STAGE_BYTES)  # anonymous, so page-aligned
         self._stage_start = 0  # file offset of the staging buffer's first byte, aligned

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .datafile import DataFileWriter
+from .datafile import DataFileWriter, open_new_private
 
 MANIFEST_FORMAT = 1
 # Buffers this large get a file of their own: collected exactly, never rewritten. Smaller ones
@@ -153,12 +153,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _open_new_private(path: Path) -> int:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    os.fchmod(fd, 0o600)  # the umask must not widen (or narrow) what we promise
-    return fd
-
-
 def write_private(path: Path, data: bytes) -> None:
     """A small owner-only file, not flushed: for markers and progress, not for data."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -172,7 +166,7 @@ def write_private(path: Path, data: bytes) -> None:
 def write_file_atomically(path: Path, data: bytes) -> None:
     """temp file + fsync + rename + fsync of the folder: readers see the old or the new file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = _open_new_private(tmp)
+    fd = open_new_private(tmp)
     try:
         _write_all(fd, memoryview(data))
         os.fsync(fd)
@@ -659,11 +653,9 @@ class CheckpointWriter:
         One ``syncfs`` flushes all files at once; where it is missing, each file and folder
         is fsynced.
         """
-        files = [(data_file, final) for data_file, final in self._pending]
+        files = list(self._pending)
         if self._pack is not None:
             files.append((self._pack, self.store.path / self._pack_name))
-        self._pending.clear()
-        self._pack = None
         if not files:
             return
         try:
@@ -675,10 +667,10 @@ class CheckpointWriter:
                 for data_file, _final in files:
                     os.fsync(data_file.fd)
         except BaseException:
-            for data_file, _final in files:
-                data_file.close()
-                data_file.path.unlink(missing_ok=True)
+            self.abort()
             raise
+        self._pending.clear()
+        self._pack = None
         for data_file, final in files:
             data_file.close()
             final.parent.mkdir(mode=0o700, exist_ok=True)
