@@ -20,6 +20,7 @@ the page cache.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import mmap
 import os
@@ -64,8 +65,10 @@ class DataFileWriter:
             try:
                 self.fd = open_new_private(path, _O_DIRECT)
                 self.direct = True
-            except OSError:  # EINVAL: this filesystem has no O_DIRECT
-                path.unlink(missing_ok=True)
+            except OSError as err:
+                if err.errno != errno.EINVAL:  # only "no O_DIRECT here" is ours to handle
+                    raise
+                path.unlink(missing_ok=True)  # Linux creates the file before refusing
         if self.fd < 0:
             self.fd = open_new_private(path)
         self.size = 0  # bytes of data (and padding) appended so far
@@ -144,7 +147,7 @@ class DataFileWriter:
             try:
                 written = os.pwrite(self.fd, view[:_WRITE_AT_MOST], offset)
             except OSError as err:
-                if not (self.direct and err.errno == 22):  # EINVAL: alignment refused
+                if not (self.direct and err.errno == errno.EINVAL):  # alignment refused
                     raise
                 self._stop_direct()
                 continue
