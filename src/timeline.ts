@@ -258,6 +258,18 @@ export class TimelinePanel extends Widget {
 /**
  * The series of the GPU chart: one bar each per pause.
  */
+/** An empty chart of the given size, described for screen readers by ``label``. */
+function chart(width: number, height: number, label: string): SVGElement {
+  return svg('svg', {
+    class: 'jp-JupyterPause-Chart',
+    width,
+    height,
+    viewBox: `0 0 ${width} ${height}`,
+    role: 'img',
+    'aria-label': label
+  });
+}
+
 function gpuSeries(
   trans: TranslationBundle
 ): { key: keyof ICycle; label: string; legend: string; className: string }[] {
@@ -298,14 +310,11 @@ function gpuChart(
   const width = 520;
   const plot = width - labelWidth - 90;
   const height = Math.max(1, rows.length) * groupHeight + 24;
-  const root = svg('svg', {
-    class: 'jp-JupyterPause-Chart',
+  const root = chart(
     width,
     height,
-    viewBox: `0 0 ${width} ${height}`,
-    role: 'img',
-    'aria-label': trans.__('GPU time allocated, active and released per pause')
-  });
+    trans.__('GPU time allocated, active and released per pause')
+  );
   const max = Math.max(
     1,
     ...rows.flatMap(row => bars.map(s => (row[s.key] as number) * gpus))
@@ -380,14 +389,11 @@ function latencyChart(rows: ICycle[], trans: TranslationBundle): SVGElement {
   const width = 520;
   const plot = width - labelWidth - 90;
   const height = Math.max(1, rows.length) * (barHeight + 4) + 4;
-  const root = svg('svg', {
-    class: 'jp-JupyterPause-Chart',
+  const root = chart(
     width,
     height,
-    viewBox: `0 0 ${width} ${height}`,
-    role: 'img',
-    'aria-label': trans.__('Seconds from each resume to the next cell run')
-  });
+    trans.__('Seconds from each resume to the next cell run')
+  );
   const max = Math.max(1, ...rows.map(row => row.resumeToNextCellSeconds ?? 0));
   rows.forEach((row, i) => {
     const y = i * (barHeight + 4);
