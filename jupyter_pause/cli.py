@@ -445,13 +445,7 @@ def cmd_pause(client: Client, args: argparse.Namespace) -> int:
     if args.no_wait:
         return report_started(record, args)
     gpus = len(record.get("gpus") or [])  # held now; gone once paused
-    progress = Progress()
-    progress.show(record)
-    record = wait_until(
-        client, args.path, lambda r: r["state"] not in PAUSE_IN_FLIGHT, args.timeout, progress
-    )
-    if args.json:
-        print_json(record)
+    record = follow(client, args, record, PAUSE_IN_FLIGHT)
     if record["state"] != "paused":
         raise CliError(
             f"Pause of {args.path} failed: " + failure_text(record, "unknown error"), EXIT_FAILED
@@ -481,13 +475,7 @@ def cmd_resume(client: Client, args: argparse.Namespace) -> int:
     if args.no_wait or record["state"] not in RESUME_IN_FLIGHT:
         # Nothing in flight: the server answered a running session (a harmless no-op).
         return report_started(record, args)
-    progress = Progress()
-    progress.show(record)
-    record = wait_until(
-        client, args.path, lambda r: r["state"] not in RESUME_IN_FLIGHT, args.timeout, progress
-    )
-    if args.json:
-        print_json(record)
+    record = follow(client, args, record, RESUME_IN_FLIGHT)
     if record["state"] != "ready":
         raise CliError(
             f"Resume of {args.path} failed: "
@@ -511,6 +499,20 @@ def resume_summary(path: str, record: dict[str, Any], seconds: float) -> str:
         reasons = ", ".join(f"{name} ({why})" for name, why in failed.items())
         detail += f"; {len(failed)} not restored: {reasons}"
     return f"Resumed {path}: restored from files ({detail}) in {took}"
+
+
+def follow(
+    client: Client, args: argparse.Namespace, record: dict[str, Any], in_flight: tuple[str, ...]
+) -> dict[str, Any]:
+    """Show progress until the session leaves the ``in_flight`` states; print its JSON if asked."""
+    progress = Progress()
+    progress.show(record)
+    record = wait_until(
+        client, args.path, lambda r: r["state"] not in in_flight, args.timeout, progress
+    )
+    if args.json:
+        print_json(record)
+    return record
 
 
 def report_started(record: dict[str, Any], args: argparse.Namespace) -> int:
