@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+# The policy a kernel must know (retention, what to save): trait of the kernel's Checkpointer
+# (and field of Policy), the environment variable the server sets, and how to read it back.
+KERNEL_POLICY_ENV: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
+    ("keep_last", "JUPYTER_PAUSE_KEEP_LAST", int),
+    ("max_age_hours", "JUPYTER_PAUSE_MAX_AGE_HOURS", float),
+    ("max_bytes", "JUPYTER_PAUSE_MAX_BYTES", int),
+    ("save_unmarked", "JUPYTER_PAUSE_SAVE_UNMARKED", str),
+)
 
 
 @dataclass
@@ -42,12 +52,7 @@ class Policy:
 
     def kernel_env(self) -> dict[str, str]:
         """What kernels must know of the policy (retention and what to save)."""
-        return {
-            "JUPYTER_PAUSE_KEEP_LAST": str(self.keep_last),
-            "JUPYTER_PAUSE_MAX_AGE_HOURS": str(self.max_age_hours),
-            "JUPYTER_PAUSE_MAX_BYTES": str(self.max_bytes),
-            "JUPYTER_PAUSE_SAVE_UNMARKED": self.save_unmarked,
-        }
+        return {env: str(getattr(self, name)) for name, env, _read in KERNEL_POLICY_ENV}
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -25,6 +25,7 @@ from traitlets import Bool, Enum, Float, Int, Unicode, default
 from traitlets.config import Configurable
 
 from ..formatting import format_bytes
+from ..policy import KERNEL_POLICY_ENV
 from . import store as store_mod
 from .arrays import Storage, content_hash
 from .capture import rng_states, select_variables, set_rng_states
@@ -143,14 +144,6 @@ def notebook_key() -> str:
     return os.getcwd()
 
 
-_POLICY_ENV: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
-    ("keep_last", "JUPYTER_PAUSE_KEEP_LAST", int),
-    ("max_age_hours", "JUPYTER_PAUSE_MAX_AGE_HOURS", float),
-    ("max_bytes", "JUPYTER_PAUSE_MAX_BYTES", int),
-    ("save_unmarked", "JUPYTER_PAUSE_SAVE_UNMARKED", str),
-)
-
-
 class Checkpointer(Configurable):
     """Kernel-side checkpoint settings (``c.Checkpointer.*`` in ipython_kernel_config.py)."""
 
@@ -210,7 +203,7 @@ class Checkpointer(Configurable):
     ) -> None:
         super().__init__(**kwargs)
         # The server passes the admin's policy to every kernel it starts; it wins over config.
-        for trait, env, cast in _POLICY_ENV:
+        for trait, env, cast in KERNEL_POLICY_ENV:
             if os.environ.get(env):
                 setattr(self, trait, cast(os.environ[env]))
         self.namespace = namespace if namespace is not None else {}
