@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from .formatting import format_bytes
+from .formatting import format_bytes, format_reasons
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -435,7 +435,7 @@ def cmd_checkpoint(client: Client, args: argparse.Namespace) -> int:
         f"(took {format_duration(result.get('seconds'))})"
     )
     if result.get("skipped"):
-        print("Not saved: " + ", ".join(f"{n} ({why})" for n, why in result["skipped"].items()))
+        print("Not saved: " + format_reasons(result["skipped"]))
     return EXIT_OK
 
 
@@ -496,7 +496,7 @@ def resume_summary(path: str, record: dict[str, Any], seconds: float) -> str:
     detail = plural(len(restore.get("restored") or []), "variable")
     failed = restore.get("failed") or {}
     if failed:
-        reasons = ", ".join(f"{name} ({why})" for name, why in failed.items())
+        reasons = format_reasons(failed)
         detail += f"; {len(failed)} not restored: {reasons}"
     return f"Resumed {path}: restored from files ({detail}) in {took}"
 

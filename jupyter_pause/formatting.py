@@ -1,4 +1,4 @@
-"""How sizes read in messages, the CLI and the magics (one place, one style)."""
+"""How sizes and reasons read in messages, the CLI and the magics (one place, one style)."""
 
 from __future__ import annotations
 
@@ -10,3 +10,8 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     raise AssertionError("unreachable")
+
+
+def format_reasons(reasons: dict[str, str], separator: str = ", ") -> str:
+    """``{"f": "an open file"}`` -> ``"f (an open file)"``: what was left out, and why."""
+    return separator.join(f"{name} ({why})" for name, why in reasons.items())

@@ -26,7 +26,7 @@ from typing import Any
 
 from . import metrics
 from .backends.base import Backend, BackendError, SessionSpec
-from .formatting import format_bytes
+from .formatting import format_bytes, format_reasons
 from .kernel import store as store_mod
 from .kernel_bridge import KernelActivity, KernelBridge, KernelCallError
 from .policy import Policy
@@ -687,7 +687,7 @@ class Orchestrator:
             assert result is not None
             message = f"Ready: restored from files ({len(result['restored'])} variables"
             if result["failed"]:
-                reasons = ", ".join(f"{n} ({why})" for n, why in result["failed"].items())
+                reasons = format_reasons(result["failed"])
                 message += f"; {len(result['failed'])} not restored: {reasons}"
             message += ")."
         self._set(record, "ready", message, how=how, restore=result, progress=None)

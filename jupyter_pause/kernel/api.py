@@ -24,7 +24,7 @@ from typing import Any
 from traitlets import Bool, Enum, Float, Int, Unicode, default
 from traitlets.config import Configurable
 
-from ..formatting import format_bytes
+from ..formatting import format_bytes, format_reasons
 from ..policy import KERNEL_POLICY_ENV
 from . import store as store_mod
 from .arrays import Storage, content_hash
@@ -62,7 +62,7 @@ class CheckpointResult:
             f"{self.seconds:.2f} s"
         )
         if self.skipped:
-            line += "; skipped: " + "; ".join(f"{n} ({why})" for n, why in self.skipped.items())
+            line += "; skipped: " + format_reasons(self.skipped, "; ")
         if self.torn:
             ids = ", ".join(str(i) for i in self.torn)
             line += f"; found interrupted checkpoint(s) {ids} (kernel died while writing), removed"
@@ -95,11 +95,9 @@ class RestoreResult:
             f"{self.seconds:.2f} s"
         )
         if self.failed:
-            line += "; not restored: " + "; ".join(f"{n} ({why})" for n, why in self.failed.items())
+            line += "; not restored: " + format_reasons(self.failed, "; ")
         if self.not_saved:
-            line += "; not in the checkpoint: " + "; ".join(
-                f"{n} ({why})" for n, why in self.not_saved.items()
-            )
+            line += "; not in the checkpoint: " + format_reasons(self.not_saved, "; ")
         for warning in self.warnings:
             line += f"\nWarning: {warning}"
         return line
