@@ -2,7 +2,9 @@
 
 Checks that every tensor comes back on its original device and that one more training step
 after the restore gives bit-identical loss, weights and optimizer state to the original process
-taking the same step. Prints a table with save/restore seconds and GB/s. Needs an NVIDIA GPU;
+taking the same step; that the restored values are bit-identical to the saved ones; that a CUDA
+stream is skipped with its reason; and that the same checkpoint restored with no GPU visible
+(`CUDA_VISIBLE_DEVICES=`) puts every tensor on the CPU, says so, and keeps the values. Prints a table with save/restore seconds and GB/s. Needs an NVIDIA GPU;
 without one it prints "no CUDA device: skipped" and exits 0. Not run in CI.
 
     python bench/gpu_check.py              # ~1.6 GB of model + Adam state
@@ -97,15 +99,16 @@ def state_tensors(ns: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def digest(ns: dict[str, Any]) -> dict[str, Any]:
-    """Bit-exact fingerprint: a hash of every tensor's bytes, its device and dtype."""
+def digest(ns: dict[str, Any], with_device: bool = True) -> dict[str, Any]:
+    """Bit-exact fingerprint: a hash of every tensor's bytes and dtype (and its device)."""
     import torch
 
     sync()
     out = {}
     for name, t in state_tensors(ns).items():
         raw = t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes()
-        out[name] = f"{t.device}/{t.dtype}/{hashlib.blake2b(raw, digest_size=16).hexdigest()}"
+        value = f"{t.dtype}/{hashlib.blake2b(raw, digest_size=16).hexdigest()}"
+        out[name] = f"{t.device}/{value}" if with_device else value
     return out
 
 
@@ -125,9 +128,13 @@ def child_save(store: Path, scale: float, device: str) -> dict[str, Any]:
     run_cell(shell, SETUP_CODE)
     run_cell(shell, BUILD_CODE.format(width=width, depth=8, device=device))
     run_cell(shell, STEP_CODE.format(device=device))
+    if device == "cuda":
+        # Not saveable: a device queue belongs to one process. Must be skipped with its reason.
+        run_cell(shell, "side_stream = torch.cuda.Stream()")
     ns = shell.user_ns
     nbytes = sum(t.nbytes for t in state_tensors(ns).values())
     rng = rng_state()  # what the checkpoint captures
+    values = digest(ns, with_device=False)
     sync()
     t0 = time.perf_counter()
     res = jp.checkpoint()
@@ -139,6 +146,7 @@ def child_save(store: Path, scale: float, device: str) -> dict[str, Any]:
         "state_bytes": nbytes,
         "bytes_written": res.bytes_written,
         "skipped": res.skipped,
+        "values": values,
         "after_step": {"loss": ns["step_loss"], "tensors": digest(ns)},
         "rng": rng,
     }
@@ -158,28 +166,33 @@ def child_restore(store: Path, device: str) -> dict[str, Any]:
     sync()
     restore_s = time.perf_counter() - t0
     devices = {k: str(t.device) for k, t in state_tensors(ns).items()}
-    rng = rng_state()
-    run_cell(shell, SETUP_CODE)
-    run_cell(shell, STEP_CODE.format(device=device))
-    return {
+    found = {
         "restore_s": restore_s,
         "restore_call_s": res.seconds,
         "failed": res.failed,
         "warnings": res.warnings,
         "touched": touched,
         "devices": devices,
-        "rng": rng,
-        "after_step": {"loss": ns["step_loss"], "tensors": digest(ns)},
+        "values": digest(ns, with_device=False),
     }
+    if not torch.cuda.is_available() and device == "cuda":
+        return found  # the CPU-fallback child: a GPU step cannot run here
+    found["rng"] = rng_state()
+    run_cell(shell, SETUP_CODE)
+    run_cell(shell, STEP_CODE.format(device=device))
+    found["after_step"] = {"loss": ns["step_loss"], "tensors": digest(ns)}
+    return found
 
 
-def spawn(kind: str, store: Path, args: argparse.Namespace) -> dict[str, Any]:
+def spawn(
+    kind: str, store: Path, args: argparse.Namespace, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     out = store.parent / f"gpu.{kind}.json"
     cmd = [
         sys.executable,
         __file__,
         "--child",
-        kind,
+        "save" if kind == "save" else "restore",
         "--store",
         str(store),
         "--scale",
@@ -189,23 +202,39 @@ def spawn(kind: str, store: Path, args: argparse.Namespace) -> dict[str, Any]:
         "--out",
         str(out),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
         raise SystemExit(f"{kind} child failed (exit {proc.returncode})")
     return json.loads(out.read_text())
 
 
-def compare(saved: dict[str, Any], restored: dict[str, Any]) -> list[tuple[str, bool, str]]:
+def differing(want: dict[str, str], got: dict[str, str]) -> list[str]:
+    return [k for k in want if want[k] != got.get(k)]
+
+
+def count_detail(diff: list[str], total: int) -> str:
+    return f"{len(diff)} differ: {', '.join(diff[:5])}" if diff else f"{total} tensors"
+
+
+def compare(
+    saved: dict[str, Any], restored: dict[str, Any], fallback: dict[str, Any] | None
+) -> list[tuple[str, bool, str]]:
     """(check, passed, detail) rows."""
     want, got = saved["after_step"], restored["after_step"]
     wrong_device = [
         k for k, d in restored["devices"].items() if d != want["tensors"][k].split("/")[0]
     ]
-    differing = [k for k in want["tensors"] if want["tensors"][k] != got["tensors"].get(k)]
-    return [
+    changed = differing(saved["values"], restored["values"])
+    after_step = differing(want["tensors"], got["tensors"])
+    rows = [
         ("restore reported no failures", not restored["failed"], str(restored["failed"] or "")),
         ("tensors back on their devices", not wrong_device, ", ".join(wrong_device[:5])),
+        (
+            "restored values bit-identical to saved",
+            not changed,
+            count_detail(changed, len(saved["values"])),
+        ),
         (
             "next-step loss bit-identical",
             want["loss"] == got["loss"],
@@ -213,10 +242,8 @@ def compare(saved: dict[str, Any], restored: dict[str, Any]) -> list[tuple[str, 
         ),
         (
             "next-step weights + Adam state bit-identical",
-            not differing,
-            f"{len(differing)} differ: {', '.join(differing[:5])}"
-            if differing
-            else f"{len(want['tensors'])} tensors",
+            not after_step,
+            count_detail(after_step, len(want["tensors"])),
         ),
         # Informational: jupyter_pause restores RNG states; a mismatch here does not fail.
         (
@@ -225,6 +252,23 @@ def compare(saved: dict[str, Any], restored: dict[str, Any]) -> list[tuple[str, 
             "same" if saved["rng"] == restored["rng"] else "differs",
         ),
     ]
+    if fallback is not None:  # a GPU run (the CPU self-test has neither stream nor fallback)
+        reason = saved["skipped"].get("side_stream", "")
+        rows.append(("CUDA stream skipped with its reason", "CUDA stream" in reason, reason))
+        off_cpu = [k for k, d in fallback["devices"].items() if d != "cpu"]
+        warned = [w for w in fallback["warnings"] if "restored on the CPU" in w]
+        changed = differing(saved["values"], fallback["values"])
+        rows += [
+            ("no GPU visible: restore reported no failures", not fallback["failed"], ""),
+            ("no GPU visible: every tensor on the CPU", not off_cpu, ", ".join(off_cpu[:5])),
+            ("no GPU visible: a warning says so", bool(warned), (warned or [""])[0]),
+            (
+                "no GPU visible: values bit-identical to saved",
+                not changed,
+                count_detail(changed, len(saved["values"])),
+            ),
+        ]
+    return rows
 
 
 def report(saved: dict[str, Any], restored: dict[str, Any], checks: list[Any]) -> str:
@@ -259,11 +303,6 @@ def main() -> int:
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
 
-    import torch
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: skipped")
-        return 0
     if args.child:
         store = Path(args.store)
         if args.child == "save":
@@ -273,6 +312,12 @@ def main() -> int:
         Path(args.out).write_text(json.dumps(out))
         return 0
 
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: skipped")
+        return 0
+
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     store = work / "store"
@@ -280,7 +325,11 @@ def main() -> int:
     saved = spawn("save", store, args)
     drop_page_cache(tree_files(store))  # the restore reads from disk, not from RAM
     restored = spawn("restore", store, args)
-    checks = compare(saved, restored)
+    fallback = None
+    if args.device == "cuda":
+        # The same checkpoint on a machine without the GPU: CPU tensors and a clear warning.
+        fallback = spawn("fallback", store, args, env={"CUDA_VISIBLE_DEVICES": ""})
+    checks = compare(saved, restored, fallback)
     md = report(saved, restored, checks)
     print(md)
     (HERE / "results" / "gpu_latest.md").write_text(md)
