@@ -4,8 +4,9 @@ Checks that every tensor comes back on its original device and that one more tra
 after the restore gives bit-identical loss, weights and optimizer state to the original process
 taking the same step; that the restored values are bit-identical to the saved ones; that a CUDA
 stream is skipped with its reason; and that the same checkpoint restored with no GPU visible
-(`CUDA_VISIBLE_DEVICES=`) puts every tensor on the CPU, says so, and keeps the values. Prints a table with save/restore seconds and GB/s. Needs an NVIDIA GPU;
-without one it prints "no CUDA device: skipped" and exits 0. Not run in CI.
+(`CUDA_VISIBLE_DEVICES=`) puts every tensor on the CPU, says so, and keeps the values. Prints a
+table with save/restore seconds and GB/s. Needs an NVIDIA GPU; without one it prints
+"no CUDA device: skipped" and exits 0. Not run in CI.
 
     python bench/gpu_check.py              # ~1.6 GB of model + Adam state
     python bench/gpu_check.py --scale 4    # ~6.4 GB
