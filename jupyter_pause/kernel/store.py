@@ -194,19 +194,15 @@ def _syncfs(path: Path) -> bool:
     return True
 
 
-def _readahead_step(path: Path) -> int:
-    """The most one ``posix_fadvise(WILLNEED)`` call reads: Linux caps it at the device's
-    readahead window or largest request, whichever is larger (128 KiB when unknown)."""
+def _readahead_step(st_dev: int) -> int:
+    """The most one ``posix_fadvise(WILLNEED)`` call reads on a device: Linux caps it at the
+    device's readahead window or largest request, whichever is larger (128 KiB when unknown)."""
     kib = 0
-    try:
-        st_dev = os.stat(path).st_dev
-        device = f"{os.major(st_dev)}:{os.minor(st_dev)}"
-        for queue in (f"/sys/dev/block/{device}/queue", f"/sys/dev/block/{device}/../queue"):
-            for setting in ("read_ahead_kb", "max_sectors_kb"):
-                with contextlib.suppress(OSError, ValueError):
-                    kib = max(kib, int(Path(queue, setting).read_text()))
-    except OSError:
-        pass
+    device = f"{os.major(st_dev)}:{os.minor(st_dev)}"
+    for queue in (f"/sys/dev/block/{device}/queue", f"/sys/dev/block/{device}/../queue"):
+        for setting in ("read_ahead_kb", "max_sectors_kb"):
+            with contextlib.suppress(OSError, ValueError):
+                kib = max(kib, int(Path(queue, setting).read_text()))
     return max(128, kib) * 1024
 
 
@@ -218,14 +214,17 @@ def _read_ahead(files: list[Path]) -> None:
     2.4 GB/s after this (a plain sequential ``read()``: 0.6-2 GB/s). The system calls release
     the GIL, so this runs beside the unpickling.
     """
+    steps: dict[int, int] = {}  # device -> step: one look at sysfs, however many files
     for path in files:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             continue  # reported when the restore reads the buffer
         try:
-            step = _readahead_step(path)
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if st.st_dev not in steps:
+                steps[st.st_dev] = _readahead_step(st.st_dev)
+            step, size = steps[st.st_dev], st.st_size
             for offset in range(0, size, step):
                 os.posix_fadvise(fd, offset, step, os.POSIX_FADV_WILLNEED)
         except OSError:
