@@ -255,9 +255,6 @@ export class TimelinePanel extends Widget {
   }
 }
 
-/**
- * The series of the GPU chart: one bar each per pause.
- */
 /** An empty chart of the given size, described for screen readers by ``label``. */
 function chart(width: number, height: number, label: string): SVGElement {
   return svg('svg', {
@@ -270,6 +267,9 @@ function chart(width: number, height: number, label: string): SVGElement {
   });
 }
 
+/**
+ * The series of the GPU chart: one bar each per pause.
+ */
 function gpuSeries(
   trans: TranslationBundle
 ): { key: keyof ICycle; label: string; legend: string; className: string }[] {
