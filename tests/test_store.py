@@ -3,7 +3,9 @@ test_kernel_checkpoint.py with real kernels)."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import os
 import time
 from pathlib import Path
@@ -147,6 +149,76 @@ def test_damaged_data_is_detected_on_restore(tmp_path: Path) -> None:
     result = make(tmp_path, fresh).restore()
     assert "does not match its hash: the file is damaged" in result.failed["a"]
     assert "a" not in fresh
+
+
+def mapped_rss(mapped) -> int:
+    """Bytes of ``mapped`` present in this process's page tables, from /proc/self/smaps."""
+    anchor = ctypes.c_char.from_buffer(mapped)
+    start = ctypes.addressof(anchor)
+    del anchor
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.split("-", 1)[0] == f"{start:x}":
+            rss = next(row for row in lines[i + 1 :] if row.startswith("Rss:"))
+            return int(rss.split()[1]) * 1024
+    raise AssertionError(f"no mapping at {start:x}")
+
+
+def evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
+def test_prefetch_maps_every_page_of_a_whole_restore(tmp_path: Path) -> None:
+    ns = {"a": np.arange(9_000_000, dtype=np.float64), "small": np.ones(10)}  # 72 MB: 3 chunks
+    cp = make(tmp_path, ns)
+    cp.checkpoint()
+    files = sorted(data_files(cp))
+    for path in files:
+        evict(path)
+    store = make(tmp_path, {}).store
+    prefetch = store.prefetch([path.relative_to(store.path).as_posix() for path in files])
+    assert prefetch is not None
+    prefetch.join()
+    for path in files:
+        mapped = store._map(path.relative_to(store.path).as_posix())
+        # mapped, not only read: the restore's first touch of a page costs no fault
+        pages = -(-path.stat().st_size // mmap.PAGESIZE)
+        assert mapped_rss(mapped) == pages * mmap.PAGESIZE
+    store.release_maps()
+
+
+def test_restore_falls_back_where_the_kernel_lacks_populate_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ns = {"a": np.arange(5_000_000), "b": np.arange(3)}
+    make(tmp_path, ns).checkpoint()
+    monkeypatch.setattr(store_mod, "_MADV_POPULATE_READ", 0x7FFF)  # unknown advice: EINVAL
+    store = make(tmp_path, {}).store
+    files = [path.relative_to(store.path).as_posix() for path in data_files(make(tmp_path, {}))]
+    prefetch = store.prefetch(files)
+    prefetch.join()
+    assert prefetch._advice == store_mod._MADV_WILLNEED
+    store.release_maps()
+    fresh: dict = {}
+    result = make(tmp_path, fresh).restore()
+    assert result.failed == {} and fresh["a"].sum() == ns["a"].sum()
+
+
+def test_a_missing_data_file_fails_only_the_variables_that_need_it(tmp_path: Path) -> None:
+    ns = {"big": np.arange(9_000_000), "plain": {"lr": 0.1}}  # big: a blob file of its own
+    cp = make(tmp_path, ns)
+    cp.checkpoint()
+    blob = max(data_files(cp), key=lambda p: p.stat().st_size)
+    blob.unlink()
+    fresh: dict = {}
+    result = make(tmp_path, fresh).restore()
+    assert "is missing: the checkpoint is damaged" in result.failed["big"]
+    assert fresh["plain"] == {"lr": 0.1} and "big" not in fresh
 
 
 def test_cross_variable_cycles_and_aliases_keep_identity(tmp_path: Path) -> None:

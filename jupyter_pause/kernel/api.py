@@ -529,7 +529,11 @@ class Checkpointer(Configurable):
             else None
         )
         try:
-            return self._load_variables(manifest, checkpoint_id, names, started, prefetch)
+            return self._load_variables(manifest, checkpoint_id, names, started)
+        except BaseException:
+            if prefetch is not None:
+                prefetch.cancel()  # a failed restore has no use for the rest of the data
+            raise
         finally:
             if prefetch is not None:
                 prefetch.join()
@@ -541,7 +545,6 @@ class Checkpointer(Configurable):
         checkpoint_id: int,
         names: list[str] | None,
         started: float,
-        prefetch: threading.Thread | None,
     ) -> RestoreResult:
         store = self.store
         verified: set[str] = set()
@@ -552,10 +555,6 @@ class Checkpointer(Configurable):
             location = manifest["buffers"].get(digest)
             if location is None:
                 raise store_mod.StoreError(f"checkpoint {checkpoint_id} lacks buffer {digest}")
-            # Every read must be queued before a large buffer is touched: its page faults hold
-            # the GIL until the pages arrive, which would starve the thread queueing the rest.
-            if prefetch is not None and location["nbytes"] >= _LARGE_READ:
-                prefetch.join()
             data = store.open_buffer(location)
             if digest not in verified:
                 if self.verify and content_hash(data) != digest:
@@ -660,8 +659,6 @@ class Checkpointer(Configurable):
             )
         return self.scheduler.set_interval(interval)
 
-
-_LARGE_READ = 1 << 20
 
 # Checkpoints that must hold exactly what is in memory: every buffer is re-hashed for them.
 _VERIFIED_REASONS = frozenset({"pause", "before-cull"})
