@@ -151,17 +151,16 @@ def test_damaged_data_is_detected_on_restore(tmp_path: Path) -> None:
     assert "a" not in fresh
 
 
-def mapped_rss(mapped) -> int:
-    """Bytes of ``mapped`` present in this process's page tables, from /proc/self/smaps."""
-    anchor = ctypes.c_char.from_buffer(mapped)
-    start = ctypes.addressof(anchor)
-    del anchor
-    lines = Path("/proc/self/smaps").read_text().splitlines()
-    for i, line in enumerate(lines):
-        if line.split("-", 1)[0] == f"{start:x}":
-            rss = next(row for row in lines[i + 1 :] if row.startswith("Rss:"))
-            return int(rss.split()[1]) * 1024
-    raise AssertionError(f"no mapping at {start:x}")
+def unmapped_pages(address: int, nbytes: int) -> int:
+    """How many pages of this range are not in our page tables (/proc/self/pagemap)."""
+    first, last = address // mmap.PAGESIZE, (address + nbytes - 1) // mmap.PAGESIZE
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(first * 8)
+        entries = pagemap.read((last - first + 1) * 8)
+    present = [
+        int.from_bytes(entries[i : i + 8], "little") >> 63 for i in range(0, len(entries), 8)
+    ]
+    return present.count(0)
 
 
 def evict(path: Path) -> None:
@@ -172,23 +171,34 @@ def evict(path: Path) -> None:
         os.close(fd)
 
 
-@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
-def test_prefetch_maps_every_page_of_a_whole_restore(tmp_path: Path) -> None:
-    ns = {"a": np.arange(9_000_000, dtype=np.float64), "small": np.ones(10)}  # 72 MB: 3 chunks
+def buffer_addresses(store: store_mod.NotebookStore, manifest: dict) -> dict[str, tuple[int, int]]:
+    addresses = {}
+    for digest, location in manifest["buffers"].items():
+        anchor = ctypes.c_char.from_buffer(store._map(location["file"]))
+        addresses[digest] = (ctypes.addressof(anchor) + location["offset"], location["nbytes"])
+        del anchor
+    return addresses
+
+
+@pytest.mark.skipif(not Path("/proc/self/pagemap").exists(), reason="needs Linux /proc")
+def test_prefetch_maps_every_page_of_every_buffer_before_the_restore_reads_it(
+    tmp_path: Path,
+) -> None:
+    ns = {"a": np.arange(9_000_000, dtype=np.float64), "small": np.ones(10), "x": {"k": 1}}
     cp = make(tmp_path, ns)
     cp.checkpoint()
-    files = sorted(data_files(cp))
-    for path in files:
+    for path in data_files(cp):
         evict(path)
     store = make(tmp_path, {}).store
-    prefetch = store.prefetch([path.relative_to(store.path).as_posix() for path in files])
-    assert prefetch is not None
-    prefetch.join()
-    for path in files:
-        mapped = store._map(path.relative_to(store.path).as_posix())
-        # mapped, not only read: the restore's first touch of a page costs no fault
-        pages = -(-path.stat().st_size // mmap.PAGESIZE)
-        assert mapped_rss(mapped) == pages * mmap.PAGESIZE
+    manifest = store.read_manifest(store.latest_id())
+    digests = list(manifest["buffers"])
+    addresses = buffer_addresses(store, manifest)
+    assert sum(unmapped_pages(*addresses[d]) for d in digests) > 0  # mapped, nothing touched
+    with store.prefetching(manifest, digests) as prefetch:
+        for digest in digests:
+            prefetch.wait(digest)
+            # mapped, not only read: the restore's first touch of a page costs no fault
+            assert unmapped_pages(*addresses[digest]) == 0, digest
     store.release_maps()
 
 
@@ -199,9 +209,9 @@ def test_restore_falls_back_where_the_kernel_lacks_populate_read(
     make(tmp_path, ns).checkpoint()
     monkeypatch.setattr(store_mod, "_MADV_POPULATE_READ", 0x7FFF)  # unknown advice: EINVAL
     store = make(tmp_path, {}).store
-    files = [path.relative_to(store.path).as_posix() for path in data_files(make(tmp_path, {}))]
-    prefetch = store.prefetch(files)
-    prefetch.join()
+    manifest = store.read_manifest(store.latest_id())
+    with store.prefetching(manifest, list(manifest["buffers"])) as prefetch:
+        pass
     assert prefetch._advice == store_mod._MADV_WILLNEED
     store.release_maps()
     fresh: dict = {}

@@ -29,7 +29,15 @@ from ..policy import KERNEL_POLICY_ENV
 from . import store as store_mod
 from .arrays import Storage, content_hash
 from .capture import rng_states, select_variables, set_rng_states
-from .state import ObjectKeys, RestoreError, Snapshotter, StateLoader, pickle_frame
+from .state import (
+    ObjectKeys,
+    RestoreError,
+    Snapshotter,
+    StateLoader,
+    buffers_in_load_order,
+    load_order,
+    pickle_frame,
+)
 from .token import process_token
 
 ProgressCallback = Callable[[str, int, int], None]  # (phase, bytes done, bytes total)
@@ -522,21 +530,19 @@ class Checkpointer(Configurable):
                     f"No checkpoint yet for {self.key}: run %checkpoint to save one."
                 )
         manifest = store.read_manifest(checkpoint_id)
-        # A whole restore reads every file: start that now. A partial one reads what it needs.
-        prefetch = (
-            store.prefetch([location["file"] for location in manifest["buffers"].values()])
+        # A whole restore reads every buffer: queue them all now, in the order loading needs
+        # them. A partial one reads what it needs.
+        needed = (
+            buffers_in_load_order(
+                manifest, load_order(manifest, store_mod.manifest_variables(manifest))
+            )
             if names is None
-            else None
+            else []
         )
         try:
-            return self._load_variables(manifest, checkpoint_id, names, started)
-        except BaseException:
-            if prefetch is not None:
-                prefetch.cancel()  # a failed restore has no use for the rest of the data
-            raise
+            with store.prefetching(manifest, needed) as prefetch:
+                return self._load_variables(manifest, checkpoint_id, names, started, prefetch)
         finally:
-            if prefetch is not None:
-                prefetch.join()
             store.release_maps()
 
     def _load_variables(
@@ -545,6 +551,7 @@ class Checkpointer(Configurable):
         checkpoint_id: int,
         names: list[str] | None,
         started: float,
+        prefetch: store_mod.Prefetch | None,
     ) -> RestoreResult:
         store = self.store
         verified: set[str] = set()
@@ -555,6 +562,8 @@ class Checkpointer(Configurable):
             location = manifest["buffers"].get(digest)
             if location is None:
                 raise store_mod.StoreError(f"checkpoint {checkpoint_id} lacks buffer {digest}")
+            if prefetch is not None:
+                prefetch.wait(digest)
             data = store.open_buffer(location)
             if digest not in verified:
                 if self.verify and content_hash(data) != digest:
@@ -566,9 +575,9 @@ class Checkpointer(Configurable):
             return data
 
         loader = StateLoader(manifest, read_buffer, self.keys)
-        available = loader.names()
+        available = store_mod.manifest_variables(manifest)
         # Plain objects first: they unpickle on the CPU while the prefetched buffers stream in.
-        wanted = sorted(names or available, key=loader.buffer_count)
+        wanted = load_order(manifest, names or available)
         restored: list[str] = []
         failed: dict[str, str] = {}
         values: dict[str, Any] = {}

@@ -422,6 +422,30 @@ class RestoreError(Exception):
     """One variable could not be restored; the message says why and what to do."""
 
 
+def load_order(manifest: dict[str, Any], names: Iterable[str]) -> list[str]:
+    """The order a restore loads variables in: those holding fewer tensors/arrays first, so
+    plain objects unpickle on the CPU while the tensor data is still on its way."""
+    counts = {name: len(frame["arrays"]) for frame in manifest["frames"] for name in frame["names"]}
+    return sorted(names, key=lambda name: counts.get(name, 0))
+
+
+def buffers_in_load_order(manifest: dict[str, Any], names: list[str]) -> list[str]:
+    """Every buffer of the manifest, those that loading ``names`` (in that order) reads first,
+    in the order it reads them: each variable's frame, then the storages of its arrays."""
+    frames = {name: frame for frame in manifest["frames"] for name in frame["names"]}
+    order: dict[str, None] = {}
+    for name in names:
+        frame = frames.get(name)
+        if frame is None:
+            continue  # an alias: loaded through the variable it names
+        order[frame["frame"]] = None
+        for key in frame["arrays"]:
+            storage = manifest["objects"][key]["storage"]
+            order[manifest["storages"][storage]["buffer"]] = None
+    order.update(dict.fromkeys(manifest["buffers"]))  # the rest (RNG states) last
+    return list(order)
+
+
 class StateLoader:
     """Loads variables from a manifest on demand, each shared object exactly once."""
 
@@ -459,14 +483,6 @@ class StateLoader:
         if kind == "v":
             return self.variable(key)
         raise pickle.UnpicklingError(f"unknown reference {kind!r}")
-
-    def buffer_count(self, name: str) -> int:
-        """How many tensors/arrays a variable's frame references (0 for unknown names)."""
-        frame = self._group_of.get(name)
-        return len(frame["arrays"]) if frame else 0
-
-    def names(self) -> list[str]:
-        return sorted([*self._group_of, *self.manifest.get("aliases", {})])
 
     def array(self, key: str) -> Any:
         obj = self._objects.get(key)

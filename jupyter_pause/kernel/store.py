@@ -205,33 +205,33 @@ _PREFETCH_THREADS = max(1, min(4, os.cpu_count() or 1))
 
 
 class Prefetch:
-    """Bring every page of a whole restore's mapped data files into memory, on worker threads.
+    """Bring the buffers of a whole restore into memory, in the order it needs them, on
+    worker threads.
 
-    Each worker takes the next 32 MiB of the files, in file order, and faults it in with
-    ``madvise(MADV_POPULATE_READ)`` through ctypes: the kernel reads the pages and maps them
-    without holding the GIL, several regions at once, while the main thread unpickles plain
-    objects and hashes the buffers that have arrived. The previous design (one thread queueing
-    ``fadvise(WILLNEED)`` for every file while the main thread waited, then page faults in the
-    hashing thread) restored a 708 MB state in a median 0.54-0.59 s against 0.44-0.48 s for
-    this, on a 2-CPU VM, restores alternating; in the benchmark's save-then-restore protocol
-    0.50 s against 0.48 s (bench/README.md).
+    Each worker takes the next piece (a buffer, or 32 MiB of a larger one) and faults it in
+    with ``madvise(MADV_POPULATE_READ)`` through ctypes: the kernel reads the pages and maps
+    them without holding the GIL, several pieces at once. The restore ``wait``s for a buffer
+    before it reads (hashes) it, rather than fault the pages itself: a fault of its own
+    starts a second, competing read of the same pages.
+
     Kernels older than 5.14 refuse the advice; the workers then only queue the reads
-    (``MADV_WILLNEED``) and the hashing faults the pages in.
+    (``MADV_WILLNEED``) and the reader's page faults map the pages.
     """
 
-    def __init__(self, maps: list[mmap.mmap]) -> None:
-        self._chunks: collections.deque[tuple[int, int]] = collections.deque()
-        self._anchors = []  # buffer exports that pin each map's address while workers use it
-        for mapped in maps:
-            anchor = ctypes.c_char.from_buffer(mapped)
-            self._anchors.append(anchor)
-            address = ctypes.addressof(anchor)
-            for offset in range(0, len(mapped), _PREFETCH_CHUNK):
-                self._chunks.append((address + offset, min(_PREFETCH_CHUNK, len(mapped) - offset)))
+    def __init__(self, buffers: list[tuple[str, int, int]]) -> None:
+        """``buffers``: (digest, address, nbytes) of mapped buffers, in the order needed."""
+        self._pieces: collections.deque[tuple[int, int, threading.Event]] = collections.deque()
+        self._done: dict[str, list[threading.Event]] = {}
+        for digest, address, nbytes in buffers:
+            events = self._done.setdefault(digest, [])
+            for offset in range(0, nbytes, _PREFETCH_CHUNK):
+                events.append(threading.Event())
+                length = min(_PREFETCH_CHUNK, nbytes - offset)
+                self._pieces.append((address + offset, length, events[-1]))
         self._advice = _MADV_POPULATE_READ
         self._threads = [
             threading.Thread(target=self._work, name="jupyter-pause-prefetch", daemon=True)
-            for _ in range(min(_PREFETCH_THREADS, len(self._chunks)))
+            for _ in range(min(_PREFETCH_THREADS, len(self._pieces)))
         ]
         for thread in self._threads:
             thread.start()
@@ -239,26 +239,44 @@ class Prefetch:
     def _work(self) -> None:
         while True:
             try:
-                address, length = self._chunks.popleft()
+                address, length, done = self._pieces.popleft()
             except IndexError:
                 return
-            advice = self._advice
-            if _LIBC.madvise(address, length, advice) == 0:
-                continue
-            if ctypes.get_errno() == errno.EINVAL and advice == _MADV_POPULATE_READ:
-                self._advice = _MADV_WILLNEED
-                _LIBC.madvise(address, length, _MADV_WILLNEED)
-            # Anything else (EIO, a file cut short) is the restore's to report: hashing or
-            # reading the buffer meets the same error with the file's name attached.
+            try:
+                self._advise(address, length)
+            finally:
+                done.set()
+
+    def _advise(self, address: int, length: int) -> None:
+        # madvise wants a page-aligned start: widen the piece to its first page.
+        start = address - address % mmap.PAGESIZE
+        length += address - start
+        advice = self._advice
+        if _LIBC.madvise(start, length, advice) == 0:
+            return
+        if ctypes.get_errno() == errno.EINVAL and advice == _MADV_POPULATE_READ:
+            self._advice = _MADV_WILLNEED
+            _LIBC.madvise(start, length, _MADV_WILLNEED)
+        # Anything else (EIO, a file cut short) is the restore's to report: hashing or reading
+        # the buffer meets the same error with the file's name attached.
+
+    def wait(self, digest: str) -> None:
+        """Return once every piece of buffer ``digest`` is in (or was tried)."""
+        for done in self._done.get(digest, ()):
+            done.wait()
 
     def cancel(self) -> None:
-        """Leave the regions no worker has started; ``join`` then returns soon."""
-        self._chunks.clear()
+        """Drop the pieces no worker has started (waking anyone waiting on them)."""
+        while True:
+            try:
+                _, _, done = self._pieces.popleft()
+            except IndexError:
+                return
+            done.set()
 
     def join(self) -> None:
         for thread in self._threads:
             thread.join()
-        self._anchors.clear()
 
 
 def _pid_alive(pid: int) -> bool:
@@ -450,24 +468,45 @@ class NotebookStore:
         self._maps[name] = mapped
         return mapped
 
-    def prefetch(self, files: list[str]) -> Prefetch | None:
-        """Map the files a whole restore needs and start faulting them in; join when done.
-
-        The caller unpickles plain objects meanwhile, and its reads of the mapped buffers then
-        find the data in memory or already on its way. None where the C library is out of
-        reach (not Linux): each map then only gets the kernel's readahead.
-        """
-        if _LIBC is None:
-            return None
-        maps = []
-        for name in dict.fromkeys(files):
-            try:
-                mapped = self._map(name, read_ahead=False)
-            except StoreError:
-                continue  # reported for each variable that needs the file; the rest restore
-            if isinstance(mapped, mmap.mmap):
-                maps.append(mapped)
-        return Prefetch(maps)
+    @contextlib.contextmanager
+    def prefetching(
+        self, manifest: dict[str, Any], digests: list[str]
+    ) -> Iterator[Prefetch | None]:
+        """Fault the buffers ``digests`` of ``manifest`` in on worker threads, in that order,
+        while the block runs (None when there is nothing to fetch, or no C library to ask:
+        not Linux). The block ``wait``s for a buffer before reading it; leaving the block
+        waits for the workers, and an error drops what they have not started."""
+        buffers = []
+        anchors = []  # buffer exports pin each map's address while the workers use it
+        if _LIBC is not None:
+            addresses: dict[str, int] = {}
+            for digest in digests:
+                location = manifest["buffers"][digest]
+                name = location["file"]
+                if name not in addresses:
+                    try:
+                        mapped = self._map(name, read_ahead=False)
+                    except StoreError:
+                        continue  # reported for each variable that needs the file
+                    if not isinstance(mapped, mmap.mmap):
+                        continue  # an empty file
+                    anchors.append(ctypes.c_char.from_buffer(mapped))
+                    addresses[name] = ctypes.addressof(anchors[-1])
+                if location["offset"] + location["nbytes"] <= len(self._maps[name]):
+                    buffers.append(
+                        (digest, addresses[name] + location["offset"], location["nbytes"])
+                    )
+        prefetch = Prefetch(buffers) if buffers else None
+        try:
+            yield prefetch
+        except BaseException:
+            if prefetch is not None:
+                prefetch.cancel()  # a failed restore has no use for the rest of the data
+            raise
+        finally:
+            if prefetch is not None:
+                prefetch.join()
+            anchors.clear()
 
     def release_maps(self) -> None:
         """Forget our references; live arrays keep their own maps alive as long as they need."""
