@@ -41,7 +41,7 @@ TARGET_EXTRA_SAVE_MB = 64.0
 # An incremental checkpoint may write metadata (manifest, the scalar) but no tensor/array data.
 INCREMENTAL_BYTES_ALLOWANCE = 256 * 1024
 
-METHODS = ("pickle", "dill", "torch", "kishu", "jupyter_pause")
+METHODS = ("pickle", "dill", "torch", "kishu", "jupyter_pause", "jupyter_pause_direct")
 REFERENCE = "raw"  # runs before the first and after every method run; fractions divide by it
 # Names IPython puts in user_ns on its own; they are not notebook state.
 IPYTHON_NAMES = {"In", "Out", "exit", "quit", "get_ipython", "open"}
@@ -506,6 +506,16 @@ class PauseMethod(Method):
         return self.shell.user_ns
 
 
+class PauseDirectMethod(PauseMethod):
+    """jupyter_pause with ``Checkpointer.direct_io = True``: data written around the page
+    cache (O_DIRECT). See bench/README.md for why both configurations are in the table."""
+
+    def _load(self) -> Any:
+        jupyter_pause = super()._load()
+        self.shell.run_line_magic("config", "Checkpointer.direct_io = True")
+        return jupyter_pause
+
+
 class RetrySave(Exception):
     """A method's first save strategy failed and it switched to a fallback; time it again."""
 
@@ -552,6 +562,7 @@ METHOD_CLASSES = {
     "torch": TorchMethod,
     "kishu": KishuMethod,
     "jupyter_pause": PauseMethod,
+    "jupyter_pause_direct": PauseDirectMethod,
 }
 
 
@@ -903,7 +914,8 @@ def faster_than_peers(results: dict[str, Any]) -> list[str]:
         peers = {
             n: r["derived"].get(key)
             for n, r in results.items()
-            if n not in ("jupyter_pause", REFERENCE)
+            if n != REFERENCE
+            and not n.startswith("jupyter_pause")  # its own variants are not peers
             and r["derived"]
             and r["derived"].get(key) is not None
         }
@@ -1023,7 +1035,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", type=float, default=1.0, help="workload size (1.0 = ~710 MB)")
     p.add_argument("--quick", action="store_true", help="tiny smoke run (scale 0.01)")
-    p.add_argument("--methods", default="", help=f"comma list, default all: {','.join(METHODS)}")
+    p.add_argument(
+        "--methods",
+        default="",
+        help=f"comma list, default all: {','.join(METHODS)}",
+    )
     p.add_argument("--workdir", default=str(RESULTS / "work"), help="scratch dir on the disk")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
     p.add_argument("--repeat", type=int, default=1, help="runs per method; table shows medians")

@@ -371,6 +371,10 @@ def test_store_layout_permissions_and_retention(start_kernel: KernelFactory, sto
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode == (0o700 if path.is_dir() else 0o600), path
     assert json.loads((folder / "notebook.json").read_text())["key"] == str(store.parent / "work")
+    # The admin's policy is the default; a user may change it for the session with %config.
+    kernel.ok("%config Checkpointer.keep_last = 1")
+    checkpoint(kernel)
+    assert sorted(p.name for p in (folder / "manifests").iterdir()) == ["000005.json"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand the store to another user")

@@ -18,6 +18,8 @@ from jupyter_pause.kernel.arrays import Rebuilder
 from jupyter_pause.kernel.schedule import parse_interval
 from jupyter_pause.kernel.tracking import expand_through_functions, names_in_code
 
+from .test_datafile import resident_pages
+
 np = pytest.importorskip("numpy")
 
 
@@ -217,6 +219,25 @@ def test_restore_falls_back_where_the_kernel_lacks_populate_read(
     fresh: dict = {}
     result = make(tmp_path, fresh).restore()
     assert result.failed == {} and fresh["a"].sum() == ns["a"].sum()
+
+
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_direct_io_decides_whether_checkpoint_data_stays_in_the_page_cache(
+    tmp_path: Path, direct_io: bool
+) -> None:
+    ns = {"big": np.arange(9_000_000)}  # 72 MB: a blob file of its own
+    cp = make(tmp_path, ns, direct_io=direct_io)
+    cp.checkpoint()
+    blob = max(data_files(cp), key=lambda p: p.stat().st_size)
+    pages = -(-blob.stat().st_size // mmap.PAGESIZE)
+    resident = resident_pages(blob)
+    if direct_io and resident == pages:
+        pytest.skip("this filesystem refuses O_DIRECT: written through the page cache")
+    # Around the cache, only the staged first/last pages pass through it; through it, all.
+    assert resident < 64 if direct_io else resident == pages
+    fresh: dict = {}
+    make(tmp_path, fresh).restore()
+    assert (fresh["big"] == ns["big"]).all()
 
 
 def test_a_missing_data_file_fails_only_the_variables_that_need_it(tmp_path: Path) -> None:

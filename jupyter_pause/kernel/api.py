@@ -194,6 +194,16 @@ class Checkpointer(Configurable):
         "taken for a pause or before culling, and %checkpoint --full, re-hash everything.",
     ).tag(config=True)
 
+    direct_io = Bool(
+        False,
+        help="Write checkpoint data around the page cache (O_DIRECT, where the filesystem "
+        "allows it) instead of through it. Saves about 2x faster and a checkpoint of many "
+        "GB neither fills the page cache nor counts against a container's memory while it "
+        "is written back; but the data is then never in memory when a restore on the same "
+        "machine follows (a pause and resume on the local backend), and on virtual machines "
+        "that later restore also gets colder memory: see bench/README.md.",
+    ).tag(config=True)
+
     @default("store_root")
     def _default_store_root(self) -> str:
         return str(store_mod.default_store_root())
@@ -301,7 +311,7 @@ class Checkpointer(Configurable):
         checkpoint_id = store.next_id()
         intent = store.path / "tmp" / f"{checkpoint_id:06d}-{os.getpid()}.intent"
         store_mod.write_private(intent, json.dumps({"started": time.time()}).encode())
-        writer = store.begin(checkpoint_id, known)
+        writer = store.begin(checkpoint_id, known, direct=self.direct_io)
         trusted = (
             self._base_storages
             if previous and self.trust_change_tracking and reason not in _VERIFIED_REASONS

@@ -27,6 +27,7 @@ def load(shell: Any) -> api.Checkpointer:
     for event, callback in _cell_hooks(checkpointer):
         shell.events.register(event, callback)
     shell.register_magics(CheckpointMagics(shell, checkpointer))
+    shell.configurables.append(checkpointer)  # so `%config Checkpointer.keep_last = 10` works
     setattr(shell, _ATTR, checkpointer)
     api.set_current(checkpointer)
     return checkpointer
@@ -42,6 +43,8 @@ def unload(shell: Any) -> None:
             shell.events.unregister(event, callback)
     shell.magics_manager.magics["line"].pop("checkpoint", None)
     shell.magics_manager.registry.pop("CheckpointMagics", None)
+    with contextlib.suppress(ValueError):
+        shell.configurables.remove(checkpointer)
     delattr(shell, _ATTR)
     api.set_current(None)
 

@@ -431,8 +431,10 @@ class NotebookStore:
         return [TornCheckpoint(**entry) for entry in self.torn_history_raw()]
 
     # -- writing --------------------------------------------------------------------------------
-    def begin(self, checkpoint_id: int, known: dict[str, BufferLocation]) -> CheckpointWriter:
-        return CheckpointWriter(self, checkpoint_id, known)
+    def begin(
+        self, checkpoint_id: int, known: dict[str, BufferLocation], *, direct: bool = False
+    ) -> CheckpointWriter:
+        return CheckpointWriter(self, checkpoint_id, known, direct=direct)
 
     # -- reading --------------------------------------------------------------------------------
     def open_buffer(self, location: dict[str, Any]) -> memoryview:
@@ -652,8 +654,11 @@ class CheckpointWriter:
         checkpoint_id: int,
         known: dict[str, BufferLocation],
         prefix: str | None = None,
+        *,
+        direct: bool = False,
     ):
         self.store = store
+        self.direct = direct  # data files around the page cache (O_DIRECT) where possible
         self.checkpoint_id = checkpoint_id
         self.known = known
         self.used: dict[str, BufferLocation] = {}
@@ -693,7 +698,9 @@ class CheckpointWriter:
                 location = BufferLocation(rel, final.stat().st_size - nbytes, nbytes)
                 self.stats.bytes_reused += nbytes
             else:
-                blob = DataFileWriter(self._tmp / f"{self._prefix}.{digest}.partial")
+                blob = DataFileWriter(
+                    self._tmp / f"{self._prefix}.{digest}.partial", direct=self.direct
+                )
                 self._pending.append((blob, final))
                 location = BufferLocation(rel, blob.append(data, _PAGE), nbytes)
                 self.stats.bytes_written += nbytes
@@ -706,7 +713,7 @@ class CheckpointWriter:
         """Add a buffer to this checkpoint's pack (no dedup: ``add`` is the way in for that)."""
         nbytes = data.nbytes
         if self._pack is None:
-            self._pack = DataFileWriter(self._pack_tmp)
+            self._pack = DataFileWriter(self._pack_tmp, direct=self.direct)
         offset = self._pack.append(data, _PAGE if nbytes >= _PAGE else _ALIGN)
         self.stats.bytes_written += nbytes
         return BufferLocation(self._pack_name, offset, nbytes)
