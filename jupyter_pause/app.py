@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Dict, Enum, Float, Int, Unicode, default
+from traitlets import Bool, Dict, Enum, Float, Int, Unicode, default
 
 from . import metrics
 from .backends.local import LocalBackend
@@ -105,6 +105,14 @@ class PauseApp(ExtensionApp):
         "saved, or 'none'.",
     ).tag(config=True)
 
+    direct_io = Bool(
+        False,
+        help="Kernels write checkpoint data with O_DIRECT instead of through the page cache: "
+        "about 2x faster saves, and multi-GB checkpoints neither fill the page cache nor count "
+        "against a container's memory limit while written back; but a resume on the same "
+        "machine cannot find the data in memory (see the README's store section).",
+    ).tag(config=True)
+
     monitor_interval_seconds = Float(
         30.0, help="How often idle sessions are looked for (seconds)."
     ).tag(config=True)
@@ -127,6 +135,7 @@ class PauseApp(ExtensionApp):
             max_age_hours=self.max_age_hours,
             max_bytes=self.max_bytes,
             save_unmarked=self.save_unmarked,
+            direct_io=self.direct_io,
             kernelspec_overrides=dict(self.kernelspec_overrides),
         )
 

@@ -6,13 +6,20 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# The policy a kernel must know (retention, what to save): trait of the kernel's Checkpointer
-# (and field of Policy), the environment variable the server sets, and how to read it back.
+
+def _flag(value: str) -> bool:
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+# The policy a kernel must know (retention, what to save, how to write): trait of the kernel's
+# Checkpointer (and field of Policy), the environment variable the server sets, and how to
+# read it back.
 KERNEL_POLICY_ENV: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("keep_last", "JUPYTER_PAUSE_KEEP_LAST", int),
     ("max_age_hours", "JUPYTER_PAUSE_MAX_AGE_HOURS", float),
     ("max_bytes", "JUPYTER_PAUSE_MAX_BYTES", int),
     ("save_unmarked", "JUPYTER_PAUSE_SAVE_UNMARKED", str),
+    ("direct_io", "JUPYTER_PAUSE_DIRECT_IO", _flag),
 )
 
 
@@ -37,6 +44,7 @@ class Policy:
     max_age_hours: float = 0.0
     max_bytes: int = 0
     save_unmarked: str = "all"
+    direct_io: bool = False
     kernelspec_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def for_kernelspec(self, name: str) -> KernelPolicy:

@@ -17,6 +17,7 @@ from jupyter_pause.kernel.api import Checkpointer, CheckpointError
 from jupyter_pause.kernel.arrays import Rebuilder
 from jupyter_pause.kernel.schedule import parse_interval
 from jupyter_pause.kernel.tracking import expand_through_functions, names_in_code
+from jupyter_pause.policy import KERNEL_POLICY_ENV, Policy
 
 from .test_datafile import resident_pages
 
@@ -238,6 +239,18 @@ def test_direct_io_decides_whether_checkpoint_data_stays_in_the_page_cache(
     fresh: dict = {}
     make(tmp_path, fresh).restore()
     assert (fresh["big"] == ns["big"]).all()
+
+
+def test_kernels_read_back_every_setting_the_server_exports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policy = Policy(keep_last=2, max_age_hours=1.5, max_bytes=10**9, save_unmarked="none")
+    policy.direct_io = True
+    for env, value in policy.kernel_env().items():
+        monkeypatch.setenv(env, value)
+    cp = make(tmp_path, {})
+    for trait, _env, _read in KERNEL_POLICY_ENV:
+        assert getattr(cp, trait) == getattr(policy, trait), trait
 
 
 def test_a_missing_data_file_fails_only_the_variables_that_need_it(tmp_path: Path) -> None:
