@@ -236,12 +236,16 @@ class Prefetch:
         for thread in self._threads:
             thread.start()
 
+    def _take(self) -> tuple[int, int, threading.Event] | None:
+        """The next piece no worker has started (None when none is left); threads share it."""
+        try:
+            return self._pieces.popleft()
+        except IndexError:
+            return None
+
     def _work(self) -> None:
-        while True:
-            try:
-                address, length, done = self._pieces.popleft()
-            except IndexError:
-                return
+        while (piece := self._take()) is not None:
+            address, length, done = piece
             try:
                 self._advise(address, length)
             finally:
@@ -267,12 +271,8 @@ class Prefetch:
 
     def cancel(self) -> None:
         """Drop the pieces no worker has started (waking anyone waiting on them)."""
-        while True:
-            try:
-                _, _, done = self._pieces.popleft()
-            except IndexError:
-                return
-            done.set()
+        while (piece := self._take()) is not None:
+            piece[2].set()
 
     def join(self) -> None:
         for thread in self._threads:
