@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from .kernels import Kernel, KernelFactory
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
@@ -44,3 +47,25 @@ def jp_server_config(pause_store: Path) -> dict:
             "monitor_interval_seconds": 3600.0,
         },
     }
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def start_kernel(tmp_path: Path, store: Path) -> Iterator[KernelFactory]:
+    """Start real ipykernel processes writing to ``store``; all are stopped afterwards."""
+    kernels: list[Kernel] = []
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+
+    def start(cwd: Path | None = None, **env: str) -> Kernel:
+        kernel = Kernel(cwd or workdir, {"JUPYTER_PAUSE_STORE": str(store), **env})
+        kernels.append(kernel)
+        return kernel
+
+    yield start
+    for kernel in kernels:
+        kernel.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,3 +74,17 @@ class Kernel:
         if self.manager.has_kernel:
             self.manager.shutdown_kernel(now=True)
         self.manager.cleanup_resources()
+
+
+KernelFactory = Callable[..., Kernel]
+
+
+def checkpoint(kernel: Kernel, args: str = "") -> dict:
+    """Take a checkpoint through the Python API and return its structured result."""
+    return kernel.value(f"__import__('jupyter_pause').checkpoint({args}).to_json()")
+
+
+def restore(kernel: Kernel, args: str = "") -> dict:
+    """Restore through the Python API (loading the extension) and return the result."""
+    kernel.ok("%load_ext jupyter_pause")
+    return kernel.value(f"__import__('jupyter_pause').restore({args}).to_json()")

@@ -7,16 +7,14 @@ import os
 import stat
 import subprocess
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from .kernels import Kernel
+from .kernels import Kernel, KernelFactory, checkpoint
 
 pytest.importorskip("torch")
 
-KernelFactory = Callable[..., Kernel]
 
 TORCH_SETUP = """
 %load_ext jupyter_pause
@@ -58,32 +56,6 @@ def fingerprint():
     return {"loss": loss.item().hex(), "weights": digest.hexdigest(),
             "rand": [random.random(), float(np.random.rand()), torch.rand(1).item()]}
 """
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Path:
-    return tmp_path / "store"
-
-
-@pytest.fixture
-def start_kernel(tmp_path: Path, store: Path) -> Iterator[KernelFactory]:
-    kernels: list[Kernel] = []
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-
-    def start(cwd: Path | None = None, **env: str) -> Kernel:
-        kernel = Kernel(cwd or workdir, {"JUPYTER_PAUSE_STORE": str(store), **env})
-        kernels.append(kernel)
-        return kernel
-
-    yield start
-    for kernel in kernels:
-        kernel.close()
-
-
-def checkpoint(kernel: Kernel, args: str = "") -> dict:
-    """Take a checkpoint through the Python API and return its structured result."""
-    return kernel.value(f"__import__('jupyter_pause').checkpoint({args}).to_json()")
 
 
 def test_torch_model_and_optimizer_continue_bit_identically(start_kernel: KernelFactory) -> None:
@@ -172,8 +144,9 @@ def test_unsavable_values_are_skipped_with_specific_reasons(start_kernel: Kernel
     kernel.ok(
         """
 %load_ext jupyter_pause
-import socket, threading
-handle = open("notes.txt", "w")
+import os, socket, sqlite3, threading
+pipe = os.fdopen(os.pipe()[1], "w")
+memory_db = sqlite3.connect(":memory:")
 conn = socket.socket()
 counter = (i for i in range(3))
 guard = threading.Lock()
@@ -185,14 +158,15 @@ fine = [1, 2, 3]
     )
     result = checkpoint(kernel)
     skipped = result["skipped"]
-    assert "open file 'notes.txt'" in skipped["handle"]
+    assert "is not a regular file on disk" in skipped["pipe"]
+    assert "in-memory database" in skipped["memory_db"]
     assert "socket" in skipped["conn"]
     assert "generator" in skipped["counter"]
     assert "lock" in skipped["guard"]
     assert "_thread.lock" in skipped["holder"]
     assert "fine" in result["saved"] and "Holder" in result["saved"]
     out = kernel.ok("%checkpoint")
-    assert "Checkpoint 2: " in out and "skipped: " in out and "handle (open file" in out
+    assert "Checkpoint 2: " in out and "skipped: " in out and "memory_db (in-memory database" in out
 
 
 def test_incremental_checkpoint_rewrites_nothing_unchanged(start_kernel: KernelFactory) -> None:

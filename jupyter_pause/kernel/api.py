@@ -29,6 +29,7 @@ from ..policy import KERNEL_POLICY_ENV
 from . import store as store_mod
 from .arrays import Storage, content_hash
 from .capture import rng_states, select_variables, set_rng_states
+from .session import Baseline, SessionContext, SessionReport, apply_session, capture_session
 from .state import (
     ObjectKeys,
     RestoreError,
@@ -59,6 +60,8 @@ class CheckpointResult:
     reason: str = "manual"
     torn: list[int] = field(default_factory=list)
     retired: list[int] = field(default_factory=list)
+    session: dict[str, Any] = field(default_factory=dict)  # SessionReport.to_json()
+    warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,11 +72,21 @@ class CheckpointResult:
             f"{format_bytes(self.bytes_written)} written, {format_bytes(self.bytes_reused)} reused, "
             f"{self.seconds:.2f} s"
         )
+        done = self.session.get("done", {})
+        if done:
+            line += "; with the session: " + ", ".join(
+                f"{len(labels)} imports" if group == "imports" else ", ".join(labels)
+                for group, labels in done.items()
+            )
         if self.skipped:
             line += "; skipped: " + format_reasons(self.skipped, "; ")
+        if self.session.get("failed"):
+            line += "; session not saved: " + format_reasons(self.session["failed"], "; ")
         if self.torn:
             ids = ", ".join(str(i) for i in self.torn)
             line += f"; found interrupted checkpoint(s) {ids} (kernel died while writing), removed"
+        for warning in self.warnings:
+            line += f"\nWarning: {warning}"
         return line
 
 
@@ -92,9 +105,15 @@ class RestoreResult:
     bytes_read: int
     saved_by_token: str
     same_process: bool
+    session: dict[str, Any] = field(default_factory=dict)  # SessionReport.to_json()
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def complete(self) -> bool:
+        """Everything the checkpoint held came back (what it never held is listed apart)."""
+        return not self.failed and not self.session.get("failed")
 
     def summary(self) -> str:
         line = (
@@ -102,8 +121,13 @@ class RestoreResult:
             f"({', '.join(self.restored) or 'none'}), {format_bytes(self.bytes_read)}, "
             f"{self.seconds:.2f} s"
         )
+        done = self.session.get("done", {})
+        if done:
+            line += "; " + SessionReport(done=done).describe()
         if self.failed:
             line += "; not restored: " + format_reasons(self.failed, "; ")
+        if self.session.get("failed"):
+            line += "; session not restored: " + format_reasons(self.session["failed"], "; ")
         if self.not_saved:
             line += "; not in the checkpoint: " + format_reasons(self.not_saved, "; ")
         for warning in self.warnings:
@@ -215,6 +239,8 @@ class Checkpointer(Configurable):
         hidden: dict[str, Any] | None = None,
         tracker: Any = None,
         key: str | None = None,
+        shell: Any = None,
+        baseline: Baseline | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -225,10 +251,12 @@ class Checkpointer(Configurable):
         self.namespace = namespace if namespace is not None else {}
         self.hidden = hidden if hidden is not None else {}
         self.tracker = tracker
+        self.shell = shell
+        self.baseline = baseline or Baseline.take(late=False)
         self.key = key or notebook_key()
         self.store = store_mod.NotebookStore(Path(self.store_root), self.key)
         self.keys = ObjectKeys()
-        self._snapshotter = Snapshotter(self.keys)
+        self._snapshotter = Snapshotter(self.keys, self.namespace)
         self._marked: list[str] = []
         self._base_id: int | None = None  # the checkpoint the live namespace was last synced with
         self._base_ids: dict[str, int] = {}  # id() of each variable at that checkpoint
@@ -276,13 +304,14 @@ class Checkpointer(Configurable):
     ) -> CheckpointResult:
         """Save now. A failure leaves every earlier checkpoint as it was and raises CheckpointError."""
         started = time.perf_counter()
-        values, skipped = select_variables(
-            self.namespace, self.hidden, self._marked, self.save_unmarked
-        )
+        selection = select_variables(self.namespace, self.hidden, self._marked, self.save_unmarked)
+        context = self._session_context(selection.imports)
         try:
             self.store.prepare()
             with self.store.locked():
-                result = self._checkpoint_locked(values, skipped, full, reason, progress)
+                result = self._checkpoint_locked(
+                    selection.values, selection.skipped, context, full, reason, progress
+                )
         except OSError as err:
             raise CheckpointError(self._explain_os_error(err)) from None
         except store_mod.StoreError as err:
@@ -292,10 +321,14 @@ class Checkpointer(Configurable):
             callback(result)
         return result
 
+    def _session_context(self, imports: list[Any]) -> SessionContext:
+        return SessionContext(self.namespace, self.shell, self.baseline, imports)
+
     def _checkpoint_locked(
         self,
         values: dict[str, Any],
         skipped: dict[str, str],
+        context: SessionContext,
         full: bool,
         reason: str,
         progress: ProgressCallback | None,
@@ -346,6 +379,12 @@ class Checkpointer(Configurable):
                 )
 
             storages = background.finish(changed)
+            for key, (outer, offset) in capture.describer.within.items():
+                storages[key] = {
+                    "within": {"storage": outer, "offset": offset},
+                    "nbytes": capture.describer.storage(key).nbytes,
+                    "device": "cpu",
+                }
             skipped.update(capture.skipped)
             frames = []
             for frame in capture.frames:
@@ -362,6 +401,10 @@ class Checkpointer(Configurable):
                 )
             rng = self._rng_frame()
             writer.add(rng[1], memoryview(rng[0]))
+            saved = {name: value for name, value in values.items() if name not in skipped}
+            session, session_report = self._session_frames(context, saved)
+            for data, digest in session.values():
+                writer.add(digest, memoryview(data))
             if progress:
                 progress("syncing", writer.stats.bytes_written, writer.stats.bytes_written)
             manifest = {
@@ -380,6 +423,7 @@ class Checkpointer(Configurable):
                 "objects": capture.objects,
                 "storages": storages,
                 "rng": rng[1],
+                "session": {phase: digest for phase, (_data, digest) in session.items()},
                 "skipped": skipped,
             }
             writer.commit(manifest)
@@ -394,7 +438,7 @@ class Checkpointer(Configurable):
         self._base_storages = {
             storage.identity: (storages[storage.key]["buffer"], versions.get(storage.key, {}))
             for storage in capture.describer.storages.values()
-            if storage.key in storages
+            if "buffer" in storages.get(storage.key, {})
         }
         saved = sorted([n for f in capture.frames for n in f.names] + list(capture.aliases))
         total = sum(loc.nbytes for loc in writer.used.values())
@@ -411,6 +455,8 @@ class Checkpointer(Configurable):
             reason=reason,
             torn=[t.checkpoint_id for t in torn],
             retired=retired,
+            session=session_report.to_json(),
+            warnings=capture.warnings,
         )
 
     def _storage_versions(self, capture: Any) -> dict[str, dict[str, int | None]]:
@@ -431,6 +477,23 @@ class Checkpointer(Configurable):
                 version = None
             versions.setdefault(record["storage"], {})[key] = version
         return versions
+
+    def _session_frames(
+        self, context: SessionContext, values: dict[str, Any]
+    ) -> tuple[dict[str, tuple[bytes, str]], SessionReport]:
+        """The session settings, pickled: those applied before the variables (they may not
+        refer to any) and those applied after (a magic is a notebook function, a variable)."""
+
+        def pickled(states: dict[str, Any], references: dict[str, Any]) -> bytes:
+            return self._snapshotter.pickle_extra("__session__", states, references)
+
+        before, after, report = capture_session(context, lambda state: pickled(state, {}))
+        frames = {}
+        for phase, states, references in (("before", before, {}), ("after", after, values)):
+            if states:
+                data = pickled(states, references)
+                frames[phase] = (data, content_hash(memoryview(data)))
+        return frames, report
 
     def _rng_frame(self) -> tuple[bytes, str]:
         data, _arrays, _deps = pickle_frame(["__rng__"], [rng_states()], {}, (), self.keys)
@@ -584,13 +647,19 @@ class Checkpointer(Configurable):
                 bytes_read += data.nbytes
             return data
 
-        loader = StateLoader(manifest, read_buffer, self.keys)
+        loader = StateLoader(manifest, read_buffer, self.keys, self.namespace)
         available = store_mod.manifest_variables(manifest)
         # Plain objects first: they unpickle on the CPU while the prefetched buffers stream in.
         wanted = load_order(manifest, names or available)
         restored: list[str] = []
         failed: dict[str, str] = {}
         values: dict[str, Any] = {}
+        # A whole restore brings the session back too: where the code runs and what it
+        # imported first (the variables may need both to unpickle), settings that refer to
+        # variables last. A partial restore adds variables to a session that is running.
+        session = SessionReport()
+        if names is None:
+            session.merge(self._apply_session(loader, manifest, "before"))
         for name in wanted:
             if name not in available:
                 why = manifest["skipped"].get(name)
@@ -608,6 +677,8 @@ class Checkpointer(Configurable):
                 failed[name] = str(err)
         self.namespace.update(values)
         restored = sorted(values)
+        if names is None:
+            session.merge(self._apply_session(loader, manifest, "after"))
         rng: list[str] = []
         if names is None:
             self._marked = list(manifest.get("marked", []))
@@ -630,7 +701,20 @@ class Checkpointer(Configurable):
             bytes_read=bytes_read,
             saved_by_token=manifest["process_token"],
             same_process=manifest["process_token"] == process_token(),
+            session=session.to_json(),
         )
+
+    def _apply_session(
+        self, loader: StateLoader, manifest: dict[str, Any], phase: str
+    ) -> SessionReport:
+        digest = manifest.get("session", {}).get(phase)
+        if digest is None:  # nothing of this phase, or a checkpoint older than session saving
+            return SessionReport()
+        try:
+            states = loader.extra(digest)
+        except (RestoreError, store_mod.StoreError) as err:
+            return SessionReport(failed={f"session ({phase} the variables)": str(err)})
+        return apply_session(states, self._session_context([]))
 
     # -- listing and deleting --------------------------------------------------------------------
     def list_checkpoints(self) -> list[CheckpointInfo]:

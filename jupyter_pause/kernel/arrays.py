@@ -8,6 +8,7 @@ touched when the notebook already imported them: this module imports neither eag
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import sys
 import warnings
@@ -28,6 +29,35 @@ def _host_view(ptr: int, nbytes: int) -> memoryview:
     if nbytes == 0:
         return memoryview(b"")
     return memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
+
+
+def saved_as_buffer(obj: Any) -> bool:
+    """Whether a tensor/array of an external type is written as a raw buffer (else pickled).
+
+    Sparse, quantized, meta and nested tensors and object arrays have no single strided
+    buffer; their own pickling (torch's reduce saves a sparse tensor's indices and values as
+    plain tensors, which are buffers again) keeps them exact.
+    """
+    dtype = getattr(obj, "dtype", None)
+    if getattr(dtype, "hasobject", False):
+        return False
+    if type(obj).__module__.startswith("torch"):
+        import torch
+
+        return (
+            obj.layout == torch.strided
+            and not obj.is_quantized
+            and not obj.is_nested
+            and obj.device.type != "meta"
+        )
+    return True
+
+
+def leaf_grad(tensor: Any) -> Any:
+    """The gradient a leaf tensor accumulated, if any (asking a non-leaf would warn)."""
+    if not type(tensor).__module__.startswith("torch") or not tensor.is_leaf:
+        return None
+    return tensor.grad
 
 
 def external_types() -> tuple[type, ...]:
@@ -67,10 +97,18 @@ class Storage:
 
 
 class Describer:
-    """Turns live tensors/arrays into manifest records, collecting the storages they view."""
+    """Turns live tensors/arrays into manifest records, collecting the storages they view.
+
+    Host memory can be viewed by storages of two libraries at once (``torch.from_numpy(a[1:])``
+    views part of ``a``'s buffer): a storage that lies inside another one is recorded *within*
+    it, so the restore rebuilds both on the same memory and they keep sharing it.
+    """
 
     def __init__(self, on_new: Callable[[Storage], None] | None = None) -> None:
         self.storages: dict[tuple[str, int], Storage] = {}
+        self.within: dict[str, tuple[str, int]] = {}  # storage key -> (enclosing key, offset)
+        self._host: list[tuple[int, int, str]] = []  # (address, -size, key) of host storages
+        self._by_key: dict[str, Storage] = {}
         self._keepalive: list[Any] = []  # host copies of device storages, until written
         self._on_new = on_new  # lets the caller start writing while the rest is still pickled
 
@@ -81,9 +119,85 @@ class Describer:
             key = found.key if found else f"s{len(self.storages)}"
             found = Storage(key, nbytes, owner, device, ptr, data_fn)
             self.storages[ident] = found
-            if self._on_new is not None:
-                self._on_new(found)
+            self._by_key[key] = found
+            enclosing = self._enclosing(found) if device == "cpu" else None
+            if enclosing is not None:
+                self.within[key] = (enclosing.key, ptr - enclosing.address)
+            else:
+                if device == "cpu":
+                    bisect.insort(self._host, (ptr, -nbytes, key))
+                if self._on_new is not None:
+                    self._on_new(found)
         return found.key
+
+    def storage(self, key: str) -> Storage:
+        return self._by_key[key]
+
+    def _enclosing(self, storage: Storage) -> Storage | None:
+        """A host storage already known that holds all of ``storage``'s bytes.
+
+        Host storages rarely overlap, so the one starting last at or before this one is
+        the only candidate worth a look (``link_overlapping`` settles the rare rest).
+        """
+        index = bisect.bisect_right(self._host, (storage.address, 0, "")) - 1
+        if index < 0:
+            return None
+        other = self._by_key[self._host[index][2]]
+        if (
+            other is not storage
+            and storage.address + storage.nbytes <= other.address + other.nbytes
+        ):
+            return other
+        return None
+
+    def link_overlapping(self) -> None:
+        """Record host storages that overlap storages written before them.
+
+        ``_storage`` already links a storage that arrives inside a known one; this settles
+        the other orders: one that arrives around known ones, or two that only partly
+        overlap (then a span covering both is written and each is recorded within it).
+        """
+        host = sorted(
+            (s for s in self.storages.values() if s.device == "cpu" and s.key not in self.within),
+            key=lambda s: s.address,
+        )
+        group: list[Storage] = []
+        end = -1
+        for storage in [*host, None]:
+            if storage is not None and storage.address < end:
+                group.append(storage)
+                end = max(end, storage.address + storage.nbytes)
+                continue
+            if len(group) > 1:
+                self._link_group(group, end)
+            if storage is not None:
+                group, end = [storage], storage.address + storage.nbytes
+
+    def _link_group(self, group: list[Storage], end: int) -> None:
+        start = group[0].address
+        outer = next((s for s in group if s.address == start and s.nbytes == end - start), None)
+        if outer is None:
+            # A span covering the partial overlaps; keeps every member's owner alive.
+            owners = [s.owner for s in group]
+            outer = Storage(
+                f"s{len(self.storages)}",
+                end - start,
+                owners,
+                "cpu",
+                start,
+                lambda: _host_view(start, end - start),
+            )
+            self.storages[("span", start)] = outer
+            self._by_key[outer.key] = outer
+            if self._on_new is not None:
+                self._on_new(outer)
+        for storage in group:
+            if storage is not outer:
+                self.within[storage.key] = (outer.key, storage.address - start)
+        for key, (parent, offset) in list(self.within.items()):
+            if parent in self.within:  # within a storage that is now within the span
+                grand, base = self.within[parent]
+                self.within[key] = (grand, base + offset)
 
     def describe(self, obj: Any) -> dict[str, Any] | None:
         """A record for a tensor/array, or None if it must be pickled normally."""
@@ -95,13 +209,7 @@ class Describer:
     def _describe_tensor(self, tensor: Any) -> dict[str, Any] | None:
         import torch
 
-        if (
-            tensor.layout != torch.strided
-            or tensor.is_quantized
-            or tensor.device.type == "meta"
-            or tensor.is_conj()
-            or tensor.is_neg()
-        ):
+        if not saved_as_buffer(tensor):
             return None
         storage = tensor.untyped_storage()
         nbytes = storage.nbytes()
@@ -137,6 +245,9 @@ class Describer:
             "device": device,
             "requires_grad": bool(tensor.requires_grad),
             "parameter": isinstance(tensor, torch.nn.Parameter),
+            # Lazy conjugate/negative views: same memory, the bit says how to read it.
+            "conj": bool(tensor.is_conj()),
+            "neg": bool(tensor.is_neg()),
         }
 
     def _describe_array(self, array: Any) -> dict[str, Any] | None:
@@ -226,6 +337,10 @@ class Rebuilder:
         dtype = getattr(torch, record["dtype"])
         tensor = torch.empty(0, dtype=dtype, device=device)
         tensor.set_(storage, record["offset"], record["shape"], record["stride"])
+        if record.get("neg"):
+            tensor = torch._neg_view(tensor)
+        if record.get("conj"):
+            tensor = tensor.conj()
         if record["parameter"]:
             return torch.nn.Parameter(tensor, requires_grad=record["requires_grad"])
         if record["requires_grad"]:

@@ -1,18 +1,22 @@
 """What a checkpoint saves: the marked names, else every user variable that can be saved.
 
-Values that can never cross into another process (open files, sockets, generators, locks,
-CUDA streams, ...) are skipped up front with a reason that says what to do instead; anything
-else that fails to pickle is skipped later with the pickler's own reason.
+Names bound by imports (``import numpy as np``, ``from torch import nn``, ``from math import
+sqrt``) are not variables: they are recorded as imports and imported again on restore.
+Values that can never cross into another process (sockets, generators, locks, CUDA streams,
+...) are skipped up front with a reason that says what to do instead; anything else that
+fails to pickle is skipped later with the pickler's own reason.
 """
 
 from __future__ import annotations
 
-import io
 import socket
 import sys
 import threading
 import types
+from dataclasses import dataclass, field
 from typing import Any
+
+from . import handles
 
 # Names IPython and ipykernel put in every namespace; they are not the user's state.
 _SHELL_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
@@ -26,10 +30,8 @@ def _is_user_name(name: str) -> bool:
 
 def unsavable_reason(value: Any) -> str | None:
     """Why this value can never be saved, or None when it is worth trying."""
-    if isinstance(value, io.IOBase):
-        what = getattr(value, "name", None)
-        label = f"open file {what!r}" if isinstance(what, str) else "open file or stream"
-        return f"{label}: a file handle belongs to its process; open it again after restore"
+    if handles.is_handle(value):
+        return handles.not_reopenable(value)
     if isinstance(value, socket.socket):
         return "network socket: connections cannot be carried over; reconnect after restore"
     if isinstance(value, types.GeneratorType | types.AsyncGeneratorType | types.CoroutineType):
@@ -51,13 +53,60 @@ def unsavable_reason(value: Any) -> str | None:
         )
         if cuda_types and isinstance(value, cuda_types):
             return "CUDA stream/event: device queues belong to one process; create it again"
-    sqlite3 = sys.modules.get("sqlite3")
-    if sqlite3 is not None and isinstance(value, sqlite3.Connection):
-        return "database connection: reconnect after restore"
     subprocess = sys.modules.get("subprocess")
     if subprocess is not None and isinstance(value, subprocess.Popen):
         return "running process: it stays with this session; start it again after restore"
     return None
+
+
+@dataclass
+class Import:
+    """A name the notebook bound by importing: ``module`` itself, or ``attribute`` of it."""
+
+    name: str
+    module: str
+    attribute: str | None = None
+
+    def statement(self) -> str:
+        if self.attribute is None:
+            alias = "" if self.name == self.module else f" as {self.name}"
+            return f"import {self.module}{alias}"
+        alias = "" if self.name == self.attribute else f" as {self.name}"
+        return f"from {self.module} import {self.attribute}{alias}"
+
+
+@dataclass
+class Selection:
+    """What a checkpoint saves from the namespace."""
+
+    values: dict[str, Any] = field(default_factory=dict)  # variables: name -> value
+    imports: list[Import] = field(default_factory=list)  # in the order they were imported
+    skipped: dict[str, str] = field(default_factory=dict)  # name -> why not
+
+
+def imported_as(name: str, value: Any) -> Import | None:
+    """The import that bound ``value``, when importing it again gives the very same object."""
+    if isinstance(value, types.ModuleType):
+        module = getattr(value, "__name__", None)
+        if isinstance(module, str) and sys.modules.get(module) is value:
+            return Import(name, module)
+        return None
+    if not isinstance(value, type | types.FunctionType | types.BuiltinFunctionType):
+        return None
+    module = getattr(value, "__module__", None)
+    qualname = getattr(value, "__qualname__", None)
+    if not isinstance(module, str) or module == "__main__" or not isinstance(qualname, str):
+        return None
+    found: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return Import(name, module, qualname) if found is value else None
+
+
+def _import_order(imports: list[Import]) -> list[Import]:
+    """First imported first: sys.modules keeps modules in the order they were imported."""
+    position = {module: index for index, module in enumerate(sys.modules)}
+    return sorted(imports, key=lambda imp: position.get(imp.module, len(position)))
 
 
 def select_variables(
@@ -65,36 +114,43 @@ def select_variables(
     hidden: dict[str, Any],
     marked: list[str],
     save_unmarked: str,
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """The variables to save (name -> value) and the names skipped with their reasons."""
-    skipped: dict[str, str] = {}
+) -> Selection:
+    """The variables to save, the imports to redo (always, marked or not), what is skipped."""
+    selection = Selection()
+    user_names = [
+        name
+        for name, value in namespace.items()
+        if _is_user_name(name) and not (name in hidden and hidden[name] is value)
+    ]
+    imports = {}
+    for name in user_names:
+        found = imported_as(name, namespace[name])
+        if found is not None:
+            imports[name] = found
+        elif isinstance(namespace[name], types.ModuleType):
+            selection.skipped[name] = (
+                "module not importable by its name (made by hand?): create it again after restore"
+            )
+    selection.imports = _import_order(list(imports.values()))
     if marked:
         names = list(marked)
     elif save_unmarked == "none":
         names = []
     else:
-        names = [
-            name
-            for name, value in namespace.items()
-            if _is_user_name(name)
-            and not (name in hidden and hidden[name] is value)
-            and not isinstance(value, types.ModuleType)
-        ]
-    values: dict[str, Any] = {}
+        names = [n for n in user_names if n not in imports and n not in selection.skipped]
     for name in names:
+        if name in imports:
+            continue
         if name not in namespace:
-            skipped[name] = "marked, but not defined in the namespace"
+            selection.skipped[name] = "marked, but not defined in the namespace"
             continue
         value = namespace[name]
-        if isinstance(value, types.ModuleType):
-            skipped[name] = "module: import it again after restore"
-            continue
         reason = unsavable_reason(value)
         if reason:
-            skipped[name] = reason
+            selection.skipped[name] = reason
         else:
-            values[name] = value
-    return values, skipped
+            selection.values[name] = value
+    return selection
 
 
 def rng_states() -> dict[str, Any]:

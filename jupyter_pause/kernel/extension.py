@@ -8,6 +8,7 @@ from typing import Any
 from . import api
 from .magics import CheckpointMagics
 from .schedule import Scheduler
+from .session import Baseline
 from .tracking import ChangeTracker
 
 _ATTR = "_jupyter_pause"
@@ -18,8 +19,17 @@ def load(shell: Any) -> api.Checkpointer:
     if existing is not None:
         return existing
     tracker = ChangeTracker(shell)
+    # Loaded before the first cell (at kernel start, or by the server's first call), the
+    # environment as it is now is the kernel's own; loaded later, it may hold the notebook's
+    # changes, which a restore must carry over.
+    baseline = Baseline.take(late=len(shell.user_ns.get("In", ())) > 2)  # In[1] is this cell
     checkpointer = api.Checkpointer(
-        shell.user_ns, hidden=shell.user_ns_hidden, tracker=tracker, parent=shell
+        shell.user_ns,
+        hidden=shell.user_ns_hidden,
+        tracker=tracker,
+        shell=shell,
+        baseline=baseline,
+        parent=shell,
     )
     scheduler = Scheduler(checkpointer, shell, announce=print)
     checkpointer.scheduler = scheduler

@@ -11,7 +11,10 @@ What keeps shared objects shared, which naive per-variable pickling breaks:
 - an object that is itself the value of another saved variable becomes ``("v", name)``, so
   ``trainer.cfg is cfg`` still holds; variables that reference each other in a cycle share one
   frame (a "group") so the cycle is pickled once.
-Frames use cloudpickle, so functions, lambdas and classes defined in the notebook travel by value.
+Frames use cloudpickle, so functions, lambdas and classes defined in the notebook travel by value;
+unlike plain cloudpickle, a function whose globals are the notebook's namespace comes back bound
+to the namespace it is restored into (not to a private copy of the globals it used), so after a
+restore ``g = 2; read_g()`` sees the new ``g`` and ``global counter`` updates the notebook's.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from typing import Any
 
 import cloudpickle
 
-from .arrays import Describer, Rebuilder, Storage, external_types
+from . import handles
+from .arrays import Describer, Rebuilder, Storage, external_types, leaf_grad, saved_as_buffer
 
 PROTOCOL = 5
 
@@ -90,11 +94,19 @@ class Capture:
     describer: Describer = field(default_factory=Describer)
     skipped: dict[str, str] = field(default_factory=dict)
     types: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 # The C pickler saves exact instances of these before it asks reducer_override, so a reference
 # to another variable that is one of them can only be caught by persistent_id.
 _CONTAINER_TYPES = frozenset({dict, list, tuple, set, frozenset, bytearray})
+
+
+class _NotebookGlobals:
+    """Stands for the notebook's namespace in a pickled function: loaded as the live one."""
+
+
+_NOTEBOOK_GLOBALS = _NotebookGlobals()
 
 
 class _FramePickler(cloudpickle.Pickler):
@@ -112,12 +124,14 @@ class _FramePickler(cloudpickle.Pickler):
         others: dict[int, str],
         externals: tuple[type, ...],
         keys: ObjectKeys,
+        namespace: dict[str, Any] | None,
     ):
         super().__init__(file, protocol=PROTOCOL)
         self._own = own
         self._others = others
         self._externals = externals
         self._keys = keys
+        self._namespace = namespace
         self.arrays: dict[str, Any] = {}
         self.depends: set[str] = set()
 
@@ -130,14 +144,37 @@ class _FramePickler(cloudpickle.Pickler):
         return None
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) in self._externals and _worth_external(obj):
+        if type(obj) in self._externals and saved_as_buffer(obj):
             key = self._keys.key_for(obj)
             self.arrays[key] = obj
             return _reference, ("a", key)
         name = self._variable(obj)
         if name is not None:
             return _reference, ("v", name)
+        if obj is _NOTEBOOK_GLOBALS:
+            return _reference, ("g", "")
+        reopen = handles.reduce_handle(obj)
+        if reopen is not None:
+            return reopen
         return super().reducer_override(obj)
+
+    def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
+        """A notebook function keeps its code, defaults, closure and attributes, not its globals:
+        it is rebuilt on the namespace it is restored into, the live one (cloudpickle would
+        give it a private copy of the values it used, frozen at the checkpoint)."""
+        if self._namespace is None or func.__globals__ is not self._namespace:
+            return super()._dynamic_function_reduce(func)
+        code, _globals, _name, _defaults, closure = self._function_getnewargs(func)
+        state, slotstate = cloudpickle.cloudpickle._function_getstate(func)
+        del slotstate["__globals__"]  # the values live in the namespace, saved as variables
+        return (
+            _notebook_function,
+            (code, _NOTEBOOK_GLOBALS, closure),
+            (state, slotstate),
+            None,
+            None,
+            _set_notebook_function_state,
+        )
 
 
 class _ContainerAwarePickler(_FramePickler):
@@ -151,7 +188,28 @@ class _ContainerAwarePickler(_FramePickler):
         return None
 
 
-_ACTIVE_LOADER: contextvars.ContextVar[StateLoader] = contextvars.ContextVar("jupyter_pause_loader")
+_ACTIVE_LOADER: contextvars.ContextVar[Any] = contextvars.ContextVar("jupyter_pause_loader")
+
+
+def _notebook_function(code: types.CodeType, namespace: dict[str, Any], closure: Any) -> Any:
+    return types.FunctionType(code, namespace, None, None, closure)
+
+
+def _set_notebook_function_state(func: types.FunctionType, state: Any) -> None:
+    """cloudpickle's function state, minus what would write into the live namespace (its
+    ``__globals__`` update and ``__builtins__``)."""
+    attributes, slotstate = state
+    func.__dict__.update(attributes)
+    closure = slotstate.pop("__closure__")
+    slotstate.pop("_cloudpickle_submodules", None)  # loading them imported them already
+    if closure is not None:
+        for cell, saved in zip(func.__closure__ or (), closure, strict=True):
+            try:
+                cell.cell_contents = saved.cell_contents
+            except ValueError:  # an empty cell stays empty
+                continue
+    for name, value in slotstate.items():
+        setattr(func, name, value)
 
 
 def _reference(kind: str, key: str) -> Any:
@@ -169,11 +227,6 @@ def _holds_buffers(value: Any) -> bool:
     if module.startswith(("torch", "numpy", "pandas")):
         return True
     return any(base.__module__.startswith("torch.") for base in kind.__mro__[1:])
-
-
-def _worth_external(obj: Any) -> bool:
-    dtype = getattr(obj, "dtype", None)
-    return not getattr(dtype, "hasobject", False)
 
 
 def _identity_matters(value: Any) -> bool:
@@ -196,17 +249,19 @@ def pickle_frame(
     externals: tuple[type, ...],
     keys: ObjectKeys,
     containers: frozenset[int] = frozenset(),
+    namespace: dict[str, Any] | None = None,
 ) -> tuple[bytes, dict[str, Any], set[str]]:
     """Pickle one variable (or a group); returns the bytes, the arrays and variables it references.
 
     ``others``: id -> name of the other variables' values; ``containers``: which of those ids
-    are plain containers (they need the slower ``persistent_id`` path to be caught).
+    are plain containers (they need the slower ``persistent_id`` path to be caught);
+    ``namespace``: the notebook's globals, which its functions are bound to again on restore.
     """
     buffer = io.BytesIO()
     root: Any = values[0] if len(values) == 1 else tuple(values)
     own = {id(v) for v in values}
     pickler_class = _ContainerAwarePickler if containers - own else _FramePickler
-    pickler = pickler_class(buffer, own, others, externals, keys)
+    pickler = pickler_class(buffer, own, others, externals, keys, namespace)
     pickler.dump(root)
     return buffer.getvalue(), pickler.arrays, pickler.depends - set(names)
 
@@ -264,11 +319,18 @@ def type_name(value: Any) -> str:
     )
 
 
+#: Frames up to this size are unpickled once at checkpoint time, to find values whose pickle
+#: round trip fails on load (a ``__getattr__`` that recurses on a half-built object, a
+#: ``__setstate__`` that raises) now, rather than at restore time.
+TRIAL_LOAD_MAX_BYTES = 1 << 20
+
+
 class Snapshotter:
     """Builds a ``Capture`` of chosen variables, reusing unchanged frames of the last checkpoint."""
 
-    def __init__(self, keys: ObjectKeys) -> None:
+    def __init__(self, keys: ObjectKeys, namespace: dict[str, Any] | None = None) -> None:
         self.keys = keys
+        self.namespace = namespace
 
     def capture(
         self,
@@ -309,13 +371,16 @@ class Snapshotter:
                 self._describe_all(record["arrays"], result)
                 continue
             try:
-                pickled[name] = pickle_frame(
-                    [name], [value], others, externals, self.keys, containers
+                frame = pickle_frame(
+                    [name], [value], others, externals, self.keys, containers, self.namespace
                 )
-            except Exception as err:  # any pickling failure skips this variable, with why
+                self._describe_all(frame[1], result)
+                if len(frame[0]) <= TRIAL_LOAD_MAX_BYTES:
+                    trial_load(frame[0], values, self.keys)
+            except Exception as err:  # any failure skips this variable, with why
                 result.skipped[name] = describe_error(err)
                 continue
-            self._describe_all(pickled[name][1], result)
+            pickled[name] = frame
         # Variables that depend on a skipped one cannot be rebuilt faithfully: skip them too.
         self._drop_dependents(pickled, reused, result.skipped)
         graph = {name: set(p[2]) for name, p in pickled.items()}
@@ -331,22 +396,46 @@ class Snapshotter:
                 continue
             try:
                 data, arrays, depends = pickle_frame(
-                    group, [values[n] for n in group], others, externals, self.keys, containers
+                    group,
+                    [values[n] for n in group],
+                    others,
+                    externals,
+                    self.keys,
+                    containers,
+                    self.namespace,
                 )
             except Exception as err:
                 for name in group:
                     result.skipped[name] = describe_error(err)
                 continue
             result.frames.append(self._new_frame(group, data, arrays, depends, hash_frame))
-        # Keep only what the final frames reference (a dropped dependent's arrays go).
+        # Keep only what the final frames reference (a dropped dependent's arrays go), and
+        # the gradients of those tensors.
         referenced = {key for frame in result.frames for key in frame.arrays}
         self._describe_all(referenced, result)
+        referenced |= {
+            result.objects[key]["grad"] for key in referenced if "grad" in result.objects[key]
+        }
+        result.describer.link_overlapping()
         result.objects = {k: v for k, v in result.objects.items() if k in referenced}
         for alias, owner in list(result.aliases.items()):
             if owner in result.skipped:
                 result.skipped[alias] = f"same object as {owner}, which " + result.skipped[owner]
                 del result.aliases[alias]
         return result
+
+    def pickle_extra(self, label: str, value: Any, references: dict[str, Any]) -> bytes:
+        """Pickle something beside the variables (the session's settings); an object that is
+        one of ``references`` (saved variables) becomes a reference to that variable. Tensors
+        in it are pickled inline: it has no place in the checkpoint's buffer table."""
+        others = {id(v): name for name, v in references.items() if _identity_matters(v)}
+        containers = frozenset(
+            i for i, n in others.items() if type(references[n]) in _CONTAINER_TYPES
+        )
+        data, _arrays, _depends = pickle_frame(
+            [label], [value], others, (), self.keys, containers, self.namespace
+        )
+        return data
 
     def _still_valid(self, record: dict[str, Any], values: dict[str, Any]) -> bool:
         if len(record["names"]) != 1:  # a cycle group is re-pickled whole, never in parts
@@ -379,10 +468,21 @@ class Snapshotter:
         for key in keys:
             if key in result.objects:
                 continue
-            record = result.describer.describe(self.keys.lookup(key))
-            if record is None:  # cannot happen for keys handed out by the pickler; guard anyway
-                raise RuntimeError(f"object {key} changed type during the checkpoint")
+            obj = self.keys.lookup(key)
+            record = result.describer.describe(obj)
+            if record is None:  # the pickler only hands out keys of savable buffers
+                raise RuntimeError(f"a {type(obj).__name__} changed while it was being saved")
             result.objects[key] = record
+            grad = leaf_grad(obj)
+            if grad is None:
+                continue
+            if saved_as_buffer(grad):
+                record["grad"] = self.keys.key_for(grad)
+                self._describe_all([record["grad"]], result)
+            else:
+                result.warnings.append(
+                    f"a {grad.layout} gradient of a {list(obj.shape)} tensor was not saved"
+                )
 
     @staticmethod
     def _drop_dependents(
@@ -403,7 +503,7 @@ class Snapshotter:
 
 
 class _FrameUnpickler(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, loader: StateLoader):
+    def __init__(self, file: io.BytesIO, loader: Any):
         super().__init__(file)
         self._loader = loader
 
@@ -422,11 +522,67 @@ class RestoreError(Exception):
     """One variable could not be restored; the message says why and what to do."""
 
 
+class _TrialResolver:
+    """References of a frame loaded on trial resolve to the live objects, the notebook's
+    namespace to a scratch dict: a trial load changes nothing and reopens nothing."""
+
+    def __init__(self, values: dict[str, Any], keys: ObjectKeys) -> None:
+        self._values = values
+        self._keys = keys
+        self._scratch: dict[str, Any] = {}
+
+    def resolve(self, kind: str, key: str) -> Any:
+        if kind == "a":
+            return self._keys.lookup(key)
+        if kind == "v":
+            return self._values.get(key)
+        return self._scratch
+
+
+def _leave_live_class(cls: type, _state: Any) -> type:
+    return cls
+
+
+class _TrialUnpickler(_FrameUnpickler):
+    """In the process that pickled them, cloudpickle rebuilds notebook classes as the live
+    class itself and then overwrites its attributes; a trial load must leave them alone."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "cloudpickle.cloudpickle" and name == "_class_setstate":
+            return _leave_live_class
+        return super().find_class(module, name)
+
+
+def trial_load(data: bytes, values: dict[str, Any], keys: ObjectKeys) -> None:
+    """Unpickle a frame once, to prove it loads; raises what a restore would meet."""
+    token = handles.TRIAL.set(True)
+    try:
+        _TrialUnpickler(io.BytesIO(data), _TrialResolver(values, keys)).load()
+    except RecursionError:
+        raise pickle.UnpicklingError(
+            "it pickles, but loading it back recurses without end"
+        ) from None
+    except Exception as err:
+        raise pickle.UnpicklingError(
+            f"it pickles, but loading it back fails ({type(err).__name__}: {err})"
+        ) from None
+    finally:
+        handles.TRIAL.reset(token)
+
+
 def load_order(manifest: dict[str, Any], names: Iterable[str]) -> list[str]:
     """The order a restore loads variables in: those holding fewer tensors/arrays first, so
     plain objects unpickle on the CPU while the tensor data is still on its way."""
     counts = {name: len(frame["arrays"]) for frame in manifest["frames"] for name in frame["names"]}
     return sorted(names, key=lambda name: counts.get(name, 0))
+
+
+def storage_buffer(manifest: dict[str, Any], key: str) -> str:
+    """The buffer holding a storage's bytes: its own, or that of the storage it lies within."""
+    record = manifest["storages"][key]
+    while "within" in record:
+        record = manifest["storages"][record["within"]["storage"]]
+    return record["buffer"]
 
 
 def buffers_in_load_order(manifest: dict[str, Any], names: list[str]) -> list[str]:
@@ -440,8 +596,7 @@ def buffers_in_load_order(manifest: dict[str, Any], names: list[str]) -> list[st
             continue  # an alias: loaded through the variable it names
         order[frame["frame"]] = None
         for key in frame["arrays"]:
-            storage = manifest["objects"][key]["storage"]
-            order[manifest["storages"][storage]["buffer"]] = None
+            order[storage_buffer(manifest, manifest["objects"][key]["storage"])] = None
     order.update(dict.fromkeys(manifest["buffers"]))  # the rest (RNG states) last
     return list(order)
 
@@ -454,10 +609,12 @@ class StateLoader:
         manifest: dict[str, Any],
         read_buffer: Callable[[str], memoryview],
         keys: ObjectKeys,
+        namespace: dict[str, Any],
     ) -> None:
         self.manifest = manifest
         self._read_buffer = read_buffer  # digest -> bytes
         self._keys = keys
+        self.namespace = namespace  # what restored notebook functions see as their globals
         self._objects: dict[str, Any] = {}
         self._values: dict[str, Any] = {}
         self._failed: dict[str, str] = {}
@@ -466,15 +623,28 @@ class StateLoader:
             for name in frame["names"]:
                 self._group_of[name] = frame
         self._storage_owner: dict[str, str] = {}  # buffer digest -> storage key mapped on it
+        self._storage_views: dict[str, memoryview] = {}  # storage key -> its restored memory
         self.rebuilder = Rebuilder(self._storage_bytes)
 
     def _storage_bytes(self, key: str) -> memoryview:
         """The bytes of one storage. Two storages with equal content share one buffer on disk
-        (content addressing) but must not share memory once restored: the second gets a copy."""
-        digest = self.manifest["storages"][key]["buffer"]
-        data = self._read_buffer(digest)
-        owner = self._storage_owner.setdefault(digest, key)
-        return data if owner == key else memoryview(bytearray(data))
+        (content addressing) but must not share memory once restored: the second gets a copy.
+        A storage saved within another one is a slice of that one's memory."""
+        found = self._storage_views.get(key)
+        if found is not None:  # every array and tensor on one storage shares its memory
+            return found
+        record = self.manifest["storages"][key]
+        within = record.get("within")
+        if within is not None:
+            outer = self._storage_bytes(within["storage"])
+            view = outer[within["offset"] : within["offset"] + record["nbytes"]]
+        else:
+            digest = record["buffer"]
+            data = self._read_buffer(digest)
+            owner = self._storage_owner.setdefault(digest, key)
+            view = data if owner == key else memoryview(bytearray(data))
+        self._storage_views[key] = view
+        return view
 
     def resolve(self, kind: str, key: str) -> Any:
         """The object a frame's reference names: a tensor/array or another variable."""
@@ -482,14 +652,22 @@ class StateLoader:
             return self.array(key)
         if kind == "v":
             return self.variable(key)
+        if kind == "g":
+            return self.namespace
         raise pickle.UnpicklingError(f"unknown reference {kind!r}")
 
     def array(self, key: str) -> Any:
         obj = self._objects.get(key)
         if obj is None:
-            obj = self.rebuilder.rebuild(self.manifest["objects"][key])
+            record = self.manifest["objects"][key]
+            obj = self.rebuilder.rebuild(record)
             self._objects[key] = obj
             self._keys.adopt(obj, key)
+            if "grad" in record:
+                try:
+                    obj.grad = self.array(record["grad"])
+                except RuntimeError as err:  # e.g. the tensor landed on another device
+                    self.rebuilder.warnings.append(f"a gradient was not restored: {err}")
         return obj
 
     def variable(self, name: str) -> Any:
@@ -520,6 +698,16 @@ class StateLoader:
         for member, value in zip(frame["names"], values, strict=True):
             self._values[member] = value
         return self._values[name]
+
+    def extra(self, digest: str) -> Any:
+        """Load something saved beside the variables (``Snapshotter.pickle_extra``)."""
+        try:
+            data = bytes(self._read_buffer(digest))
+            return _FrameUnpickler(io.BytesIO(data), self).load()
+        except RestoreError as err:
+            raise RestoreError(f"needs a variable that could not be restored ({err})") from None
+        except Exception as err:
+            raise RestoreError(_explain_load_error(err)) from None
 
     def _fail(self, frame: dict[str, Any], message: str) -> None:
         for member in frame["names"]:
