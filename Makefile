@@ -24,6 +24,10 @@ $(PY):
 	$(PIP) install --upgrade pip
 
 setup: $(PY)
+	@# A develop symlink from a previous setup would make pip write install.json into the
+	@# source tree (and the next wheel build fail on the duplicate): start from none.
+	@if [ -L $(VENV)/share/jupyter/labextensions/jupyter-pause ]; then rm $(VENV)/share/jupyter/labextensions/jupyter-pause; fi
+	rm -f jupyter_pause/labextension/install.json
 	$(PIP) install -q torch==$(TORCH_VERSION)
 	$(PIP) install -q -e ".[test]"
 	$(JLPM) install

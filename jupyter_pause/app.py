@@ -18,6 +18,7 @@ from traitlets import Bool, Dict, Enum, Float, Int, Unicode, default
 
 from . import metrics
 from .backends.local import LocalBackend
+from .kernel.autoload import AUTOLOAD_ENV
 from .kernel.store import default_store_root
 from .kernel_bridge import KernelBridge
 from .orchestrator import Orchestrator
@@ -113,6 +114,13 @@ class PauseApp(ExtensionApp):
         "machine cannot find the data in memory (see the README's store section).",
     ).tag(config=True)
 
+    load_in_kernels = Bool(
+        True,
+        help="Give every kernel this server starts %checkpoint and %pause from its first "
+        "cell, whoever starts it (JupyterLab, the REST API, nbclient). Off: kernels get them "
+        "when the server first talks to them, or by %load_ext jupyter_pause.",
+    ).tag(config=True)
+
     monitor_interval_seconds = Float(
         30.0, help="How often idle sessions are looked for (seconds)."
     ).tag(config=True)
@@ -148,6 +156,8 @@ class PauseApp(ExtensionApp):
         # to the admin's store with the admin's retention.
         os.environ["JUPYTER_PAUSE_STORE"] = self.store_root
         os.environ.update(policy.kernel_env())
+        if self.load_in_kernels:
+            os.environ[AUTOLOAD_ENV] = "1"
         self.orchestrator = Orchestrator(
             backend=backend,
             bridge=KernelBridge(serverapp.kernel_manager),

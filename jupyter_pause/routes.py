@@ -40,6 +40,12 @@ class PauseAPIHandler(APIHandler):
     auth_resource = AUTH_RESOURCE
 
     @property
+    def _track_activity(self) -> bool:  # type: ignore[override]
+        """Reading state is not user activity: an open tab polling the status must never keep
+        a GPU session "active" for idle cullers that read ``/api/status``'s last_activity."""
+        return self.request.method not in ("GET", "HEAD")
+
+    @property
     def orchestrator(self) -> Orchestrator:
         return self.settings["jupyter_pause_orchestrator"]
 
@@ -180,6 +186,8 @@ class TimelineHandler(PauseAPIHandler):
 
 class GCHandler(PauseAPIHandler):
     """``POST /jupyter-pause/gc``: apply the admin's retention to every notebook's checkpoints."""
+
+    _track_activity = False  # maintenance, not anybody's work in a notebook
 
     @tornado.web.authenticated
     @authorized

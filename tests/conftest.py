@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from .kernels import Kernel, KernelFactory
+from .servers import Server
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
@@ -20,6 +22,7 @@ _EXPORTED = (
     "JUPYTER_PAUSE_SAVE_UNMARKED",
     "JUPYTER_PAUSE_DIRECT_IO",
     "JUPYTER_PAUSE_NOTEBOOK",
+    "JUPYTER_PAUSE_AUTOLOAD",
 )
 
 
@@ -69,3 +72,8 @@ def start_kernel(tmp_path: Path, store: Path) -> Iterator[KernelFactory]:
     yield start
     for kernel in kernels:
         kernel.close()
+
+
+@pytest.fixture
+def server(jp_fetch: Any, jp_serverapp: Any) -> Server:
+    return Server(jp_fetch, jp_serverapp)

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from tornado.httpclient import HTTPClientError
 
+from .servers import Server
+
 pytest.importorskip("torch")
 
 MODEL_CELL = """
@@ -24,89 +26,6 @@ data = torch.randn(32, 8)
 table = np.arange(12.0).reshape(3, 4)
 loss = model(data).pow(2).mean(); loss.backward(); optimizer.step()
 """
-
-
-class Server:
-    """The test server, driven the way the frontend and the CLI drive it."""
-
-    def __init__(self, fetch: Any, app: Any) -> None:
-        self.fetch = fetch
-        self.app = app
-
-    @property
-    def orchestrator(self) -> Any:
-        return self.app.web_app.settings["jupyter_pause_orchestrator"]
-
-    async def call(self, method: str, *parts: str, body: Any = None) -> tuple[int, Any]:
-        kwargs: dict[str, Any] = {"method": method}
-        if method != "GET":
-            kwargs["body"] = json.dumps(body or {})
-        response = await self.fetch("jupyter-pause", *parts, **kwargs)
-        return response.code, json.loads(response.body) if response.body else None
-
-    async def error(self, method: str, *parts: str) -> tuple[int, str]:
-        with pytest.raises(HTTPClientError) as info:
-            await self.call(method, *parts)
-        return info.value.code, json.loads(info.value.response.body)["message"]
-
-    async def open_notebook(self, path: str) -> str:
-        """What JupyterLab does when a notebook opens: a session with a kernel."""
-        body = {
-            "path": path,
-            "name": os.path.basename(path),
-            "type": "notebook",
-            "kernel": {"name": "python3"},
-        }
-        response = await self.fetch("api", "sessions", method="POST", body=json.dumps(body))
-        return json.loads(response.body)["kernel"]["id"]
-
-    async def run(self, kernel_id: str, code: str, timeout: float = 120) -> str:
-        """Execute a cell as a user would; returns its stdout, fails on an error."""
-        client = self.app.kernel_manager.get_kernel(kernel_id).client()
-        client.start_channels()
-        await client.wait_for_ready(timeout=60)  # iopub subscribed: no output is missed
-        out: list[str] = []
-        errors: list[str] = []
-
-        def hook(msg: dict[str, Any]) -> None:
-            if msg["msg_type"] == "stream":
-                out.append(msg["content"]["text"])
-            elif msg["msg_type"] == "error":
-                errors.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
-
-        try:
-            await client.execute_interactive(code, output_hook=hook, timeout=timeout)
-        finally:
-            client.stop_channels()
-        assert not errors, errors
-        return "".join(out)
-
-    async def watched(self, path: str) -> dict[str, Any]:
-        """Wait until the server watches the notebook's kernel (sees every busy/idle change)."""
-        return await self.wait_for(path, lambda r: r["watching"])
-
-    async def wait_for(self, path: str, check: Any, timeout: float = 60) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            _, record = await self.call("GET", "sessions", path)
-            if check(record):
-                return record
-            assert time.monotonic() < deadline, f"{path}: condition not met: {record}"
-            await asyncio.sleep(0.05)
-
-    async def wait_state(self, path: str, *states: str, timeout: float = 120) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            _, record = await self.call("GET", "sessions", path)
-            if record["state"] in states:
-                return record
-            assert time.monotonic() < deadline, f"{path} stuck in {record['state']}: {record}"
-            await asyncio.sleep(0.1)
-
-
-@pytest.fixture
-def server(jp_fetch: Any, jp_serverapp: Any) -> Server:
-    return Server(jp_fetch, jp_serverapp)
 
 
 async def pause_and_wait(server: Server, path: str) -> dict[str, Any]:

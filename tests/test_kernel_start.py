@@ -1,0 +1,77 @@
+"""Kernels a jupyter_pause server starts have the magics from their first cell; reading the
+extension's state never counts as the user's activity."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from .kernels import KernelFactory
+from .servers import Server
+
+
+async def test_a_kernel_started_by_any_client_has_the_magics_in_its_first_cell(
+    server: Server,
+) -> None:
+    # Given a kernel started through the sessions API (as JupyterLab or nbclient would) and
+    # one started through the bare kernels API (as a remote client would)
+    session_kernel = await server.open_notebook("first-cell.ipynb")
+    response = await server.fetch("api", "kernels", method="POST", body=json.dumps({}))
+    bare_kernel = json.loads(response.body)["id"]
+
+    # When their very first cell uses the magics, before the server ever talked to them
+    first = await server.run(session_kernel, "%checkpoint marked")
+    bare = await server.run(
+        bare_kernel,
+        "%checkpoint\nshell = get_ipython()\n"
+        "print(callable(shell.find_line_magic('pause')),"
+        " 'jupyter_pause' in shell.extension_manager.loaded)",
+    )
+
+    # Then both magics are there, loaded by the kernel's startup (the server's first call
+    # would load them without the extension manager knowing)
+    assert "Nothing marked: every variable is saved." in first
+    assert "Checkpoint 1:" in bare and bare.strip().endswith("True True")
+
+
+def test_a_kernel_of_another_server_is_left_alone(start_kernel: KernelFactory) -> None:
+    # A kernel not launched by a jupyter_pause server runs the same startup file, which does nothing
+    kernel = start_kernel()
+    out = kernel.run("%checkpoint")
+    assert out.stderr == "UsageError: Line magic function `%checkpoint` not found.\n"
+
+
+async def _last_activity(server: Server) -> str:
+    response = await server.fetch("api", "status", method="GET")
+    return json.loads(response.body)["last_activity"]
+
+
+async def test_reading_state_is_not_activity_but_work_is(server: Server) -> None:
+    # Given a notebook with a kernel, and the time of the last activity the server reports
+    kernel_id = await server.open_notebook("idle.ipynb")
+    await server.watched("idle.ipynb")
+    await asyncio.sleep(0.05)
+    before = await _last_activity(server)
+
+    # When an open tab polls every read-only endpoint, again and again
+    for _ in range(3):
+        for parts in (
+            ("status",),
+            ("sessions",),
+            ("sessions", "idle.ipynb"),
+            ("checkpoints", "idle.ipynb"),
+            ("timeline", "idle.ipynb"),
+        ):
+            await server.call("GET", *parts)
+        await asyncio.sleep(0.02)
+
+    # Then the server's last activity has not moved
+    assert await _last_activity(server) == before
+
+    # But an edit reported by the frontend, and a cell run, are activity
+    await server.call("POST", "activity", "idle.ipynb")
+    after_edit = await _last_activity(server)
+    assert after_edit > before
+    await asyncio.sleep(0.05)
+    await server.run(kernel_id, "x = 1")
+    assert await _last_activity(server) > after_edit
