@@ -22,7 +22,7 @@ def load(shell: Any) -> api.Checkpointer:
     # Loaded before the first cell (at kernel start, or by the server's first call), the
     # environment as it is now is the kernel's own; loaded later, it may hold the notebook's
     # changes, which a restore must carry over.
-    baseline = Baseline.take(late=len(shell.user_ns.get("In", ())) > 2)  # In[1] is this cell
+    baseline = Baseline.take(late=len(shell.user_ns.get("In", ())) > 2, shell=shell)  # In[1]: now
     checkpointer = api.Checkpointer(
         shell.user_ns,
         hidden=shell.user_ns_hidden,

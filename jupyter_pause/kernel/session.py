@@ -30,16 +30,21 @@ class Baseline:
     """What the kernel had before the notebook changed anything, to tell the changes apart."""
 
     environ: dict[str, str]
+    extensions: frozenset[str] = frozenset()  # IPython extensions loaded by the kernel itself
 
     @classmethod
-    def take(cls, late: bool) -> Baseline:
+    def take(cls, late: bool, shell: Any = None) -> Baseline:
         """``late``: the notebook ran cells before this (``%load_ext`` after some work), so
-        the environment as it is now may hold the notebook's changes; the one the process
-        was started with (``/proc/self/environ``) is the baseline then."""
+        what is set now may hold the notebook's changes: the environment the process was
+        started with (``/proc/self/environ``) is the baseline then, and of the extensions
+        only IPython's default one."""
         environ = dict(os.environ)
+        loaded = getattr(getattr(shell, "extension_manager", None), "loaded", ())
+        extensions = frozenset(loaded)
         if late:
             environ = _launch_environ() or environ
-        return cls(environ=environ)
+            extensions = frozenset(name for name in loaded if name.endswith("storemagic"))
+        return cls(environ=environ, extensions=extensions)
 
 
 def _launch_environ() -> dict[str, str] | None:

@@ -116,7 +116,8 @@ def _capture_extensions(context: SessionContext) -> list[str] | None:
     manager = getattr(context.shell, "extension_manager", None)
     if manager is None:
         return None
-    return sorted(name for name in manager.loaded if name != "jupyter_pause") or None
+    own = context.baseline.extensions | {"jupyter_pause"}
+    return sorted(name for name in manager.loaded if name not in own) or None
 
 
 def _apply_extensions(names: list[str], context: SessionContext) -> Outcome:
