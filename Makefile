@@ -13,11 +13,12 @@ PYTHON        ?= $(shell command -v python3.11 || command -v python3)
 SETUP_STAMP   := $(VENV)/.jupyter_pause-setup
 ALLOW_ROOT    := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_ARGS      ?=
+CHROMIUM      ?= /usr/bin/chromium
 
 # jlpm scripts call `jupyter builder ...`: make the .venv's jupyter the one they find.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup lab test lint bench
+.PHONY: setup lab watch test browser lint bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,22 +40,40 @@ setup: $(PY)
 $(SETUP_STAMP): pyproject.toml package.json
 	$(MAKE) setup
 
-lab: setup
+lab: $(SETUP_STAMP)
 	$(JUPYTER) lab --ServerApp.root_dir=examples $(ALLOW_ROOT) $(LAB_ARGS) examples/demo.ipynb
 
-# Runs every check (Python and TypeScript linters, jest, the galata ui-tests in Debian's
-# chromium, pytest), then exits non-zero if any failed: with pytest's own exit status when
-# pytest failed.
-test: $(SETUP_STAMP)
-	@status=0; \
-	$(BIN)/ruff check . || status=1; \
-	$(BIN)/ruff format --check . || status=1; \
-	$(JLPM) lint:check || status=1; \
-	$(JLPM) test || status=1; \
-	(cd ui-tests && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(JLPM) install && $(JLPM) playwright test) || status=1; \
-	$(BIN)/pytest -p no:cacheprovider; pytest_status=$$?; \
-	if [ $$pytest_status -ne 0 ]; then exit $$pytest_status; fi; \
-	exit $$status
+# Rebuilds the frontend on every change (with the .venv's jupyter, nothing to activate).
+watch: $(SETUP_STAMP)
+	$(JLPM) watch
+
+# The galata ui-tests drive Debian's chromium; Playwright never downloads a browser here.
+browser:
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "Installing Debian's chromium for the UI tests"; \
+			DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
+		else \
+			echo "make test needs a chromium at $(CHROMIUM) for the UI tests: install Debian's (sudo apt-get install chromium) or set CHROMIUM=/path/to/chromium"; \
+			exit 1; \
+		fi; \
+	fi
+
+# Runs every stage (Python and TypeScript linters, jest, the galata ui-tests, pytest) even
+# when one fails, then prints one line per stage and fails if any did.
+test: $(SETUP_STAMP) browser
+	@summary=""; failed=0; \
+	stage() { name=$$1; shift; echo "=== $$name"; \
+		if "$$@"; then summary="$$summary  $$name: passed\n"; \
+		else summary="$$summary  $$name: FAILED\n"; failed=1; fi; }; \
+	stage ruff sh -c '$(BIN)/ruff check . && $(BIN)/ruff format --check .'; \
+	stage lint $(JLPM) lint:check; \
+	stage jest $(JLPM) test; \
+	stage ui-tests sh -c 'cd ui-tests && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(JLPM) install && CHROMIUM_PATH=$(CHROMIUM) $(JLPM) playwright test'; \
+	stage pytest $(BIN)/pytest -p no:cacheprovider -rs; \
+	printf "\nmake test:\n$$summary"; \
+	exit $$failed
 
 lint: $(SETUP_STAMP)
 	$(BIN)/ruff check --fix .

@@ -15,3 +15,8 @@ def format_bytes(n: float) -> str:
 def format_reasons(reasons: dict[str, str], separator: str = ", ") -> str:
     """``{"f": "an open file"}`` -> ``"f (an open file)"``: what was left out, and why."""
     return separator.join(f"{name} ({why})" for name, why in reasons.items())
+
+
+def format_count(n: int, noun: str) -> str:
+    """``1, "variable"`` -> ``"1 variable"``; ``2`` -> ``"2 variables"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

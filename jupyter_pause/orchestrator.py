@@ -26,7 +26,7 @@ from typing import Any
 
 from . import metrics
 from .backends.base import Backend, BackendError, SessionSpec
-from .formatting import format_bytes, format_reasons
+from .formatting import format_bytes, format_count, format_reasons
 from .kernel import store as store_mod
 from .kernel_bridge import KernelActivity, KernelBridge, KernelCallError
 from .policy import Policy
@@ -685,7 +685,9 @@ class Orchestrator:
             message = "Ready: live session restored."
         else:
             assert result is not None
-            message = f"Ready: restored from files ({len(result['restored'])} variables"
+            message = (
+                f"Ready: restored from files ({format_count(len(result['restored']), 'variable')}"
+            )
             if result["failed"]:
                 reasons = format_reasons(result["failed"])
                 message += f"; {len(result['failed'])} not restored: {reasons}"

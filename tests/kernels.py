@@ -17,7 +17,8 @@ from jupyter_client.manager import KernelManager
 class CellOutput:
     stdout: str = ""
     stderr: str = ""
-    error: str | None = None
+    error: str | None = None  # the exception a cell raised (not a UsageError: see status)
+    status: str = "ok"  # the execute reply's: "error" for any failed cell
     payload: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -46,12 +47,13 @@ class Kernel:
 
         reply = self.client.execute_interactive(code, output_hook=hook, timeout=timeout)
         out.payload = reply["content"].get("payload", [])
+        out.status = reply["content"]["status"]
         return out
 
     def ok(self, code: str, timeout: float = 180) -> str:
         """Run code that must not raise; returns its stdout."""
         out = self.run(code, timeout)
-        assert out.error is None, f"{out.error}\n{out.stderr}"
+        assert out.status == "ok", f"{out.error}\n{out.stderr}"
         return out.stdout
 
     def value(self, expression: str) -> Any:

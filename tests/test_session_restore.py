@@ -449,12 +449,12 @@ def test_summaries_list_every_group(start_kernel: KernelFactory) -> None:
         "%load_ext jupyter_pause\nimport os, numpy as np\nos.environ['RUN'] = '1'\nx = np.ones(3)"
         "\n%checkpoint"
     )
-    assert "1 variables saved" in out
+    assert "1 variable saved" in out
     assert "with the session: working directory, sys.path, environment variables" in out
     assert "2 imports" in out and "numpy" in out
     second = start_kernel()
     out = second.ok("%load_ext jupyter_pause\n%checkpoint restore")
-    assert "Restored checkpoint 1: 1 variables (x)" in out
+    assert "Restored checkpoint 1: 1 variable (x)" in out
     assert "environment: working directory" in out and "environment variables (RUN)" in out
     assert "imports: os, np" in out and "settings: " in out
     assert os.environ.get("RUN") is None  # the test process itself is untouched

@@ -1,8 +1,28 @@
 /**
  * Playwright configuration of the jupyter-pause ui-tests: galata's defaults,
- * Debian's chromium (browsers are never downloaded), no video (no ffmpeg).
+ * Debian's chromium (browsers are never downloaded), no video (no ffmpeg),
+ * and a server on a free port (a `make lab` on 8888 may be running).
  */
+const { execFileSync } = require('child_process');
 const baseConfig = require('@jupyterlab/galata/lib/playwright-config');
+
+/**
+ * A port nobody listens on, chosen once per run: the workers Playwright
+ * starts load this file again and inherit the variable.
+ */
+function uiTestsPort() {
+  if (!process.env.UI_TESTS_PORT) {
+    process.env.UI_TESTS_PORT = execFileSync('python3', [
+      '-c',
+      'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+    ])
+      .toString()
+      .trim();
+  }
+  return process.env.UI_TESTS_PORT;
+}
+
+const baseURL = `http://localhost:${uiTestsPort()}`;
 
 module.exports = {
   ...baseConfig,
@@ -16,6 +36,7 @@ module.exports = {
   },
   use: {
     ...baseConfig.use,
+    baseURL,
     timezoneId: 'UTC',
     viewport: { width: 1280, height: 800 },
     trace: 'retain-on-failure',
@@ -37,7 +58,7 @@ module.exports = {
   },
   webServer: {
     command: 'jlpm start',
-    url: 'http://localhost:8888/lab',
+    url: `${baseURL}/lab`,
     timeout: 120 * 1000,
     // A fresh server each run: paused sessions and GPU holders persist in the server.
     reuseExistingServer: false

@@ -24,7 +24,7 @@ from typing import Any
 from traitlets import Bool, Enum, Float, Int, Unicode, default
 from traitlets.config import Configurable
 
-from ..formatting import format_bytes, format_reasons
+from ..formatting import format_bytes, format_count, format_reasons
 from ..policy import KERNEL_POLICY_ENV
 from . import store as store_mod
 from .arrays import Storage, content_hash
@@ -68,14 +68,14 @@ class CheckpointResult:
 
     def summary(self) -> str:
         line = (
-            f"Checkpoint {self.checkpoint_id}: {len(self.saved)} variables saved, "
+            f"Checkpoint {self.checkpoint_id}: {format_count(len(self.saved), 'variable')} saved, "
             f"{format_bytes(self.bytes_written)} written, {format_bytes(self.bytes_reused)} reused, "
             f"{self.seconds:.2f} s"
         )
         done = self.session.get("done", {})
         if done:
             line += "; with the session: " + ", ".join(
-                f"{len(labels)} imports" if group == "imports" else ", ".join(labels)
+                format_count(len(labels), "import") if group == "imports" else ", ".join(labels)
                 for group, labels in done.items()
             )
         if self.skipped:
@@ -117,7 +117,8 @@ class RestoreResult:
 
     def summary(self) -> str:
         line = (
-            f"Restored checkpoint {self.checkpoint_id}: {len(self.restored)} variables "
+            f"Restored checkpoint {self.checkpoint_id}: "
+            f"{format_count(len(self.restored), 'variable')} "
             f"({', '.join(self.restored) or 'none'}), {format_bytes(self.bytes_read)}, "
             f"{self.seconds:.2f} s"
         )

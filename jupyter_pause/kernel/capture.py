@@ -163,10 +163,20 @@ def rng_states() -> dict[str, Any]:
         states["numpy"] = numpy.random.get_state()
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "get_rng_state"):
-        states["torch"] = torch.get_rng_state()
+        # As bytes: a pickled tensor goes through torch.save, whose random serialization id
+        # would make an unchanged state a new buffer at every checkpoint.
+        states["torch"] = torch.get_rng_state().numpy().tobytes()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            states["torch_cuda"] = torch.cuda.get_rng_state_all()
+            states["torch_cuda"] = [s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()]
     return states
+
+
+def _byte_tensor(state: Any) -> Any:
+    import torch
+
+    if isinstance(state, bytes):
+        return torch.frombuffer(bytearray(state), dtype=torch.uint8)
+    return state  # a checkpoint from before states were kept as bytes
 
 
 def set_rng_states(states: dict[str, Any]) -> list[str]:
@@ -184,10 +194,10 @@ def set_rng_states(states: dict[str, Any]) -> list[str]:
     if "torch" in states:
         import torch
 
-        torch.set_rng_state(states["torch"])
+        torch.set_rng_state(_byte_tensor(states["torch"]))
         restored.append("torch")
         if "torch_cuda" in states and torch.cuda.is_available():
             cuda_states = states["torch_cuda"][: torch.cuda.device_count()]
-            torch.cuda.set_rng_state_all(cuda_states)
+            torch.cuda.set_rng_state_all([_byte_tensor(state) for state in cuda_states])
             restored.append("torch_cuda")
     return restored

@@ -6,6 +6,7 @@ import sys
 import time
 from typing import Any
 
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
@@ -39,6 +40,11 @@ class _ProgressLine:
             sys.stdout.write("\r")
 
 
+def _failure(magic: str, message: str) -> UsageError:
+    """Fails the cell (a Run All stops there) with one line, never a traceback."""
+    return UsageError(f"%{magic}: {message}")
+
+
 @magics_class
 class CheckpointMagics(Magics):
     def __init__(self, shell: Any, checkpointer: Checkpointer) -> None:
@@ -55,7 +61,8 @@ class CheckpointMagics(Magics):
     @argument(
         "--full",
         action="store_true",
-        help="Re-pickle every variable instead of reusing frames of unchanged ones.",
+        help="Re-pickle every variable and re-hash every tensor/array, trusting no change "
+        "tracking (the checkpoints taken for a pause always do).",
     )
     @line_magic
     def checkpoint(self, line: str = "") -> None:
@@ -86,17 +93,15 @@ class CheckpointMagics(Magics):
         action, rest = (words[0], words[1:]) if words else ("save", [])
         handler = getattr(self, f"_do_{action}", None)
         if handler is None:
-            self._error(
+            raise _failure(
+                "checkpoint",
                 f"unknown action {action!r}; use keep, drop, marked, list, restore, delete or "
-                "every (see %checkpoint?)"
+                "every (see %checkpoint?)",
             )
-            return
         try:
             handler(rest, args)
-        except CheckpointError as err:
-            self._error(str(err))
-        except ValueError as err:
-            self._error(str(err))
+        except (CheckpointError, ValueError) as err:
+            raise _failure("checkpoint", str(err)) from None
 
     @line_magic
     def pause(self, line: str = "") -> None:
@@ -108,22 +113,17 @@ class CheckpointMagics(Magics):
         from .server_calls import request_from_server
 
         if line.strip():
-            self._error("%pause takes no arguments")
-            return
-        if request_from_server("pause", notebook=self.checkpointer.key):
-            print(
-                "Pause requested: once this cell finishes, the server checkpoints this notebook, "
-                "stops the kernel and releases its GPU."
-            )
-        else:
-            self._error(
+            raise _failure("pause", "it takes no arguments")
+        if not request_from_server("pause", notebook=self.checkpointer.key):
+            raise _failure(
+                "pause",
                 "no jupyter_pause server is watching this kernel (is the server extension "
-                "enabled?). %checkpoint still saves the state."
+                "enabled?). %checkpoint still saves the state.",
             )
-
-    @staticmethod
-    def _error(message: str) -> None:
-        print(f"%checkpoint: {message}", file=sys.stderr)
+        print(
+            "Pause requested: once this cell finishes, the server checkpoints this notebook, "
+            "stops the kernel and releases its GPU."
+        )
 
     # -- actions -----------------------------------------------------------------------------------
     def _do_save(self, rest: list[str], args: Any) -> None:
