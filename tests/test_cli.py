@@ -198,16 +198,26 @@ async def test_resume_of_a_damaged_checkpoint_says_what_was_not_restored(
     # When it is resumed
     code, out, err = await jp("resume", "damaged.ipynb")
 
-    # Then the kernel is back, and the one line names what was not restored, and why
-    assert code == 0, err
-    assert re.fullmatch(
-        r"Resumed damaged\.ipynb: restored from files \(\d+ variables?; 1 not restored: "
-        r"big \(StoreError: Data file .* is missing: the checkpoint is damaged\.\)\) "
-        r"in [\d.]+ s\n",
-        out,
-    ), out
-    _, ready = await server.call("GET", "sessions", "damaged.ipynb")
-    assert await server.run(ready["kernel_id"], "print('big' in dir())") == "False\n"
+    # Then the kernel is back, but an incomplete restore is no success: exit 1, and the last
+    # line names what was not restored, why, and how to recover
+    assert (code, out) == (1, ""), err
+    last = err.splitlines()[-1]
+    assert re.match(
+        r"jupyter pause: Resume of damaged\.ipynb incomplete: Restored partially from files "
+        r"\(\d+ variables?; 1 not restored: big \(StoreError: Data file <store>/damaged\.ipynb-"
+        r"\w+/packs/\S+ is missing: the checkpoint is damaged\.\)\)\. ",
+        last,
+    ), last
+    assert "`%checkpoint restore 1 big`" in last and "`jupyter pause accept damaged.ipynb`" in last
+    _, record = await server.call("GET", "sessions", "damaged.ipynb")
+    assert record["state"] == "partial" and list(record["hold"]["checkpoints"]) == ["1"]
+    assert await server.run(record["kernel_id"], "print('big' in dir())") == "False\n"
+
+    # And once the user accepts, the session is ready and retention applies again
+    code, out, err = await jp("accept", "damaged.ipynb")
+    assert (code, err) == (0, "") and "carrying on without" in out
+    _, record = await server.call("GET", "sessions", "damaged.ipynb")
+    assert record["state"] == "ready" and record["hold"] is None
 
 
 async def test_a_failed_resume_exits_1_and_says_how_to_recover(server: Server, jp: Cli) -> None:
@@ -253,7 +263,12 @@ async def test_gc_applies_the_retention_policy(server: Server, jp: Cli) -> None:
 
     # And a second run has nothing left to do
     code, out, _ = await jp("gc", "--json")
-    assert code == 0 and json.loads(out) == {"removed": {}, "bytes_freed": 0}
+    assert code == 0 and json.loads(out) == {
+        "removed": {},
+        "bytes_freed": 0,
+        "held": [],
+        "problems": [],
+    }
 
 
 # -- failures and their exit codes ----------------------------------------------------------------

@@ -424,7 +424,7 @@ async def test_metrics_and_gc(server: Server) -> None:
     assert 'jupyter_pause_pauses_total{outcome="paused"}' in text
     assert 'jupyter_pause_gpu_seconds{kind="released"}' in text
     code, gc = await server.call("POST", "gc")
-    assert code == 200 and gc == {"removed": {}, "bytes_freed": 0}
+    assert code == 200 and gc == {"removed": {}, "bytes_freed": 0, "held": [], "problems": []}
 
 
 async def test_idle_kernels_are_checkpointed_before_the_culler_kills_them(server: Server) -> None:

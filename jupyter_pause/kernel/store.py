@@ -583,7 +583,16 @@ class NotebookStore:
         write_file_atomically(self.hold_path, json.dumps(hold).encode())
         return hold
 
-    def release_retention(self) -> None:
+    def release_retention(self, checkpoint_id: int | None = None) -> None:
+        """End the hold for one checkpoint (restored in full since), or for all (None)."""
+        hold = self.retention_hold()
+        if hold is not None and checkpoint_id is not None:
+            if "unreadable" in hold:
+                return  # what it held is unknown: only the user's decision ends it
+            hold["checkpoints"].pop(str(checkpoint_id), None)
+            if hold["checkpoints"]:
+                write_file_atomically(self.hold_path, json.dumps(hold).encode())
+                return
         self.hold_path.unlink(missing_ok=True)
 
     def problems(self) -> list[str]:
