@@ -202,6 +202,8 @@ class Orchestrator:
                 self._problem(f"{folder} cannot be read ({err})")
                 continue
             record.hold, record.warnings = view.hold, view.problems
+            if view.latest and (record.checkpoint or {}).get("id") != view.latest["id"]:
+                record.checkpoint = view.latest  # the one a resume restores
             if record.state != "paused" or problem:
                 # The server stopped while the kernel ran or mid-way through a pause/resume; its
                 # kernels stopped with it. The checkpoint on disk is the truth.

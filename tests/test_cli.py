@@ -6,13 +6,10 @@ a blocking call would stop the very server it talks to.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
 import shutil
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,56 +17,17 @@ import pytest
 
 from jupyter_pause import cli
 
+from .cli_runner import Cli
 from .test_server import Server, pause_and_wait
 
 #: A notebook file as JupyterLab writes it (the content is never read; the path matters).
 EMPTY_NOTEBOOK = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
 
 
-class Cli:
-    """Runs ``python -m jupyter_pause.cli`` against the test server."""
-
-    def __init__(self, url: str, token: str, runtime_dir: Path) -> None:
-        self.url = url
-        self.token = token
-        self.runtime_dir = runtime_dir
-
-    async def __call__(
-        self, *args: str, discover: bool = False, cwd: Path | None = None, **env: str
-    ) -> tuple[int, str, str]:
-        """(exit code, stdout, stderr); ``discover`` leaves out --url/--token."""
-        command = list(args)
-        for option, value in (("--url", self.url), ("--token", self.token)):
-            if not discover and option not in command:
-                command += [option, value]
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER_PAUSE_")}
-        environ["JUPYTER_RUNTIME_DIR"] = str(self.runtime_dir)
-        environ.update(env)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "jupyter_pause.cli",
-            *command,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=environ,
-            cwd=cwd,
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), timeout=180)
-        assert proc.returncode is not None
-        return proc.returncode, out.decode(), err.decode()
-
-
 @pytest.fixture
 def server(jp_fetch: Any, jp_serverapp: Any) -> Server:
     """The test server, driven like tests/test_server.py drives it (to set up and check)."""
     return Server(jp_fetch, jp_serverapp)
-
-
-@pytest.fixture
-def jp(jp_serverapp: Any, jp_http_port: int, jp_base_url: str, jp_runtime_dir: Path) -> Cli:
-    url = f"http://localhost:{jp_http_port}{jp_base_url}"
-    return Cli(url, jp_serverapp.identity_provider.token, jp_runtime_dir)
 
 
 def closed_port() -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -374,22 +373,6 @@ async def test_resume_waits_for_a_gpu_first_come_first_served(server: Server) ->
     ready = await server.wait_state("a.ipynb", "ready", "failed")
     assert ready["state"] == "ready" and ready["gpus"] == [0]
     assert await server.run(ready["kernel_id"], "print(who)") == "a\n"
-
-
-def _mount_tiny(path: Path) -> bool:
-    path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(path)], capture_output=True
-    )
-    return done.returncode == 0
-
-
-@pytest.fixture
-def tiny_store(pause_store: Path) -> Any:
-    if os.geteuid() != 0 or not _mount_tiny(pause_store):
-        pytest.skip("needs permission to mount a small tmpfs to fill up")
-    yield pause_store
-    subprocess.run(["umount", "-l", str(pause_store)], check=False)
 
 
 async def test_full_disk_during_pause_keeps_the_session_running(
