@@ -42,6 +42,8 @@ def clean_path(path: str) -> str:
     normalized = posixpath.normpath(path) if path else ""
     if not normalized or normalized == "." or normalized.startswith("../") or normalized == "..":
         raise tornado.web.HTTPError(400, f"Not a notebook path inside the server root: {path!r}")
+    if "\x00" in normalized:  # no file system takes it
+        raise tornado.web.HTTPError(400, f"Not a notebook path (a NUL character): {path!r}")
     return normalized
 
 
@@ -74,8 +76,8 @@ class PauseAPIHandler(APIHandler):
         """``{"message": ...}`` like jupyter-server's API errors, without absolute paths."""
         error = (kwargs.get("exc_info") or (None, None, None))[1]
         message = responses.get(status_code, "Unknown HTTP Error")
-        if isinstance(error, tornado.web.HTTPError):
-            message = error.log_message or message
+        if isinstance(error, tornado.web.HTTPError) and error.log_message:
+            message = error.log_message % error.args  # tornado doubled each % to log it
         elif error is not None:
             message = "Unhandled error"
         self.log.warning("wrote error: %r", message)
@@ -251,6 +253,20 @@ class GCHandler(PauseAPIHandler):
         self.finish(await self.run(self.orchestrator.gc()))
 
 
+class NotFoundHandler(PauseAPIHandler):
+    """Any other URL below ``/jupyter-pause/``: a JSON 404 naming what exists."""
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        if not self.current_user:
+            raise tornado.web.HTTPError(403)
+        raise tornado.web.HTTPError(
+            404,
+            f"No jupyter_pause endpoint {self.request.path!r} (jupyter_pause {__version__}): "
+            "see /jupyter-pause/openapi.json",
+        )
+
+
 def handlers() -> list[tuple[str, type[PauseAPIHandler]]]:
     base = f"/{API_PREFIX}"
     return [
@@ -266,4 +282,5 @@ def handlers() -> list[tuple[str, type[PauseAPIHandler]]]:
         (f"{base}/timeline/{_PATH}", TimelineHandler),
         (f"{base}/gc", GCHandler),
         (f"{base}/openapi.json", OpenAPIHandler),
+        (f"{base}(/.*)?", NotFoundHandler),
     ]
