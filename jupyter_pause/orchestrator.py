@@ -73,9 +73,18 @@ class StoreView:
     problems: list[str]  # damaged or unreadable files, named
 
 
-def inspect_store(store: store_mod.NotebookStore) -> StoreView:
-    """Read a notebook's store: blocking, so the orchestrator runs it off the event loop."""
-    intact, _bad = store.scan()
+def inspect_store(
+    store: store_mod.NotebookStore, known: tuple[Any, StoreView] | None = None
+) -> tuple[Any, StoreView]:
+    """Read a notebook's store: blocking, so the orchestrator runs it off the event loop.
+
+    ``known`` is the (stamp, view) of an earlier call: while nothing changed since, it is the
+    answer, and no manifest is read again (sessions are polled every few seconds).
+    """
+    stamp = store.change_stamp()
+    if known is not None and known[0] == stamp:
+        return known
+    intact, bad = store.scan()
     latest = None
     if intact:
         newest = max(intact)
@@ -86,7 +95,7 @@ def inspect_store(store: store_mod.NotebookStore) -> StoreView:
             "bytes": store_mod.manifest_bytes(manifest),
             "process_token": manifest["process_token"],
         }
-    return StoreView(latest, store.retention_hold(), store.problems())
+    return stamp, StoreView(latest, store.retention_hold(), store.problems(bad))
 
 
 def list_checkpoints(store: store_mod.NotebookStore) -> dict[str, Any]:
@@ -146,6 +155,7 @@ class Orchestrator:
         self._monitor: asyncio.Task[None] | None = None
         self._waiting_idle: dict[str, str] = {}  # path -> the pause/checkpoint waiting for idle
         self._collecting: asyncio.Future[dict[str, Any]] | None = None  # the gc in flight
+        self._views: dict[str, tuple[Any, StoreView]] = {}  # key -> what its store last showed
         self.writer = RecordWriter(self.store_root)
         # Damaged store content that belongs to no known notebook, named (GET /status).
         self.problems: list[str] = []
@@ -180,47 +190,48 @@ class Orchestrator:
             self._problem(f"the checkpoint store {self.store_root} cannot be read ({err})")
             return
         for folder in folders:
-            if not (folder.is_dir() or folder.is_symlink()):
-                continue
-            record, key, problem = read_folder(folder)
-            if record is None and key is not None:
-                path = self._path_of(key)
-                if path is not None:
-                    record = SessionRecord(path, key, state="paused")
-                    problem = f"{problem}; its state was rebuilt from the checkpoints"
-            if record is None:
-                if problem:
-                    self._problem(problem)
-                continue
+            if folder.is_dir() or folder.is_symlink():
+                self._load_folder(folder)
+
+    def _load_folder(self, folder: Path) -> None:
+        record, key, problem = read_folder(folder)
+        if record is None and key is not None and problem is not None:
+            path = self._path_of(key)
+            if path is not None:  # session.json is unreadable: the checkpoints tell the state
+                record = SessionRecord(path, key, state="paused")
+                problem += "; its state was rebuilt from the checkpoints"
+        if record is None:
             if problem:
-                record.file_warnings.append(problem)
-            for warning in record.file_warnings:
-                log.warning("jupyter_pause: %s: %s", record.path, warning)
-            try:
-                view = inspect_store(self.store_for(record))
-            except (OSError, store_mod.StoreError) as err:
-                self._problem(f"{folder} cannot be read ({err})")
-                continue
-            record.hold, record.warnings = view.hold, view.problems
-            if view.latest and (record.checkpoint or {}).get("id") != view.latest["id"]:
-                record.checkpoint = view.latest  # the one a resume restores
-            if record.state != "paused" or problem:
-                # The server stopped while the kernel ran or mid-way through a pause/resume; its
-                # kernels stopped with it. The checkpoint on disk is the truth.
-                record.kernel_id, record.gpus, record.progress = None, [], None
-                if view.latest is None:
-                    continue
-                record.checkpoint = view.latest
-                if not problem:
-                    self._set(
-                        record,
-                        "paused",
-                        f"The server restarted while this notebook was {record.state}."
-                        + self._intact_text(view.latest),
-                    )
-                else:
-                    self._set(record, "paused", "Not running; a checkpoint can be restored.")
-            self.records[record.path] = record
+                self._problem(problem)
+            return
+        if problem:
+            record.file_warnings.append(problem)
+        for warning in record.file_warnings:
+            log.warning("jupyter_pause: %s: %s", record.path, warning)
+        try:
+            _stamp, view = inspect_store(self.store_for(record))
+        except (OSError, store_mod.StoreError) as err:
+            self._problem(f"{folder} cannot be read ({err})")
+            return
+        record.hold, record.warnings = view.hold, list(view.problems)
+        if view.latest and (record.checkpoint or {}).get("id") != view.latest["id"]:
+            record.checkpoint = view.latest  # the one a resume restores
+        if record.state != "paused" or problem:
+            # The server stopped while the kernel ran or mid-way through a pause/resume; its
+            # kernels stopped with it. The checkpoint on disk is the truth.
+            record.kernel_id, record.gpus, record.progress = None, [], None
+            if view.latest is None:
+                if problem:
+                    self._problem(f"{problem}, but it has no checkpoint to restore")
+                return
+            message = (
+                "Not running; a checkpoint can be restored."
+                if problem
+                else f"The server restarted while this notebook was {record.state}."
+                + self._intact_text(view.latest)
+            )
+            self._set(record, "paused", message)
+        self.records[record.path] = record
 
     def _problem(self, text: str) -> None:
         log.warning("jupyter_pause: %s", text)
@@ -267,10 +278,14 @@ class Orchestrator:
     async def _inspect(self, record: SessionRecord) -> StoreView:
         """Read the notebook's store off the event loop; the record shows its hold and problems."""
         try:
-            view = await asyncio.to_thread(inspect_store, self.store_for(record))
+            known = self._views.get(record.key)
+            self._views[record.key] = await asyncio.to_thread(
+                inspect_store, self.store_for(record), known
+            )
+            view = self._views[record.key][1]
         except (OSError, store_mod.StoreError) as err:
             view = StoreView(None, None, [f"the checkpoint folder cannot be read ({err})"])
-        record.hold, record.warnings = view.hold, view.problems
+        record.hold, record.warnings = view.hold, list(view.problems)
         return view
 
     def list(self) -> list[SessionRecord]:

@@ -509,13 +509,23 @@ class NotebookStore:
         return intact, bad
 
     def latest_id(self) -> int | None:
-        """The newest checkpoint that can be restored; damaged newer ones are passed over."""
+        """The newest checkpoint that can be restored; damaged newer ones are passed over.
+
+        None when there is no checkpoint; when there are some but none can be used, the
+        newest one's error says why (rather than "no checkpoint").
+        """
+        newest_error: StoreError | None = None
         for checkpoint_id in reversed(self.checkpoint_ids()):
             try:
                 self.read_manifest(checkpoint_id)
-            except StoreError:
+            except CheckpointNotFound:
+                continue
+            except StoreError as err:
+                newest_error = newest_error or err
                 continue
             return checkpoint_id
+        if newest_error is not None:
+            raise newest_error
         return None
 
     def next_id(self) -> int:
@@ -595,10 +605,31 @@ class NotebookStore:
                 return
         self.hold_path.unlink(missing_ok=True)
 
-    def problems(self) -> list[str]:
-        """What is wrong in this folder, one sentence each (empty when nothing is)."""
+    def change_stamp(self) -> tuple[Any, ...]:
+        """Changes whenever a manifest, the hold or the torn log does (names, sizes, times,
+        permissions): a reader may keep what it read from them until then."""
+        stamp: list[Any] = []
+        for folder in (self.manifests_dir, self.path / "damaged"):
+            try:
+                entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                with contextlib.suppress(FileNotFoundError):
+                    st = entry.stat(follow_symlinks=False)
+                    stamp.append((entry.path, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        for path in (self.hold_path, self.path / "torn.json"):
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                st = path.stat()
+                stamp.append((str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        return tuple(stamp)
+
+    def problems(self, bad: dict[int, StoreError] | None = None) -> list[str]:
+        """What is wrong in this folder, one sentence each (empty when nothing is); ``bad``:
+        what ``scan`` found, when the caller already scanned."""
         found = []
-        _intact, bad = self.scan()
+        if bad is None:
+            _intact, bad = self.scan()
         for checkpoint_id, err in bad.items():
             found.append(f"checkpoint {checkpoint_id} cannot be used: {err}")
         for checkpoint_id, why in self.damaged().items():
