@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .contract import session_field_conforms
 from .kernel import store as store_mod
 from .kernel_bridge import KernelActivity
 from .timeline import Timeline
@@ -39,25 +40,24 @@ STATES = (
 )
 
 _NUMBER = (int, float)
-_OPTIONAL_DICT = (dict, type(None))
-#: The persisted fields a record takes back from ``session.json``, and their JSON types.
-_PERSISTED: dict[str, type | tuple[type, ...]] = {
-    "state": str,
-    "message": str,
-    "since": _NUMBER,
-    "kernel_id": (str, type(None)),
-    "kernel_name": str,
-    "gpus": list,
-    "gpus_needed": int,
-    "progress": _OPTIONAL_DICT,
-    "how": (str, type(None)),
-    "restore": _OPTIONAL_DICT,
-    "error": _OPTIONAL_DICT,
-    "checkpoint": _OPTIONAL_DICT,
-    "process_token": (str, type(None)),
-    "started": _NUMBER,
-    "busy_seconds_before": _NUMBER,
-}
+#: The fields a record takes back from ``session.json`` (the rest is recomputed).
+_PERSISTED = (
+    "state",
+    "message",
+    "since",
+    "kernel_id",
+    "kernel_name",
+    "gpus",
+    "gpus_needed",
+    "progress",
+    "how",
+    "restore",
+    "error",
+    "checkpoint",
+    "process_token",
+    "started",
+    "busy_seconds_before",
+)
 
 
 @dataclass
@@ -125,18 +125,14 @@ class SessionRecord:
             raise ValueError("no notebook path and key")
         record = cls(path=data["path"], key=data["key"])
         wrong = []
-        for name, kind in _PERSISTED.items():
+        for name in _PERSISTED:
             if name not in data:
                 continue
-            value = data[name]
-            if isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool):
-                setattr(record, name, value)
+            # What the API answers for the field, exactly: a damaged file cannot break it.
+            if session_field_conforms(name, data[name]):
+                setattr(record, name, data[name])
             else:
                 wrong.append(name)
-        if not all(isinstance(g, int) for g in record.gpus):
-            record.gpus, wrong = [], [*wrong, "gpus"]
-        if record.state not in STATES:
-            record.state, wrong = "paused", [*wrong, "state"]
         events = data.get("timeline", [])
         if isinstance(events, list) and all(_is_event(e) for e in events):
             record.timeline = Timeline.from_json(events)

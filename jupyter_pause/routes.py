@@ -10,12 +10,9 @@ never the server's absolute paths.
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
-from functools import cache
 from http.client import responses
-from pathlib import Path
 from typing import Any
 
 import tornado.web
@@ -24,6 +21,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
 from . import __version__
+from .contract import openapi_document
 from .kernel import store as store_mod
 from .orchestrator import Orchestrator, PauseError
 
@@ -32,8 +30,6 @@ API_PREFIX = "jupyter-pause"
 #: Resource name checked by jupyter_server's authorizer for every handler here.
 AUTH_RESOURCE = "jupyter_pause"
 _PATH = r"(?P<path>.+)"
-#: The OpenAPI 3 description of every endpoint below, kept beside this module.
-OPENAPI_FILE = Path(__file__).with_name("openapi.json")
 
 
 def clean_path(path: str) -> str:
@@ -111,11 +107,6 @@ def relative_paths(value: Any, prefixes: list[tuple[str, str]]) -> Any:
     if isinstance(value, list | tuple):
         return [relative_paths(v, prefixes) for v in value]
     return value
-
-
-@cache
-def openapi_document() -> dict[str, Any]:
-    return json.loads(OPENAPI_FILE.read_text())
 
 
 class OpenAPIHandler(PauseAPIHandler):

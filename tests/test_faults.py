@@ -162,9 +162,17 @@ async def test_1_incomplete_restore_is_partial_and_retention_keeps_the_only_data
 
 
 # -- 2. one bad file affects only its notebook ------------------------------------------------
-@pytest.mark.parametrize("damage", ["session-list", "session-string", "manifest-no-created"])
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("session-list", "session.json is unreadable"),
+        ("session-string", "session.json is unreadable"),
+        ("session-wrong-types", "session.json had unreadable fields (error, checkpoint)"),
+        ("manifest-no-created", "checkpoint 2 cannot be used"),
+    ],
+)
 async def test_2_one_bad_file_affects_only_its_notebook(
-    server: Server, pause_store: Path, damage: str
+    server: Server, pause_store: Path, damage: str, named: str
 ) -> None:
     # Given two paused notebooks with data
     sums = {}
@@ -175,6 +183,7 @@ async def test_2_one_bad_file_affects_only_its_notebook(
         await pause_and_wait(server, path)
 
     # When one file of bad.ipynb is damaged and the server restarts
+    await server.orchestrator.writer.flush()  # the last state is on disk
     folder = folder_of(pause_store, "bad.ipynb")
     if damage == "manifest-no-created":
         manifest = folder / "manifests" / "000002.json"
@@ -183,6 +192,10 @@ async def test_2_one_bad_file_affects_only_its_notebook(
         manifest.write_text(json.dumps(content))
         session = json.loads((folder / "session.json").read_text())
         (folder / "session.json").write_text(json.dumps({**session, "state": "active"}))
+    elif damage == "session-wrong-types":
+        session = json.loads((folder / "session.json").read_text())
+        wrong = {"error": {"what": 1}, "checkpoint": {"id": "two"}}
+        (folder / "session.json").write_text(json.dumps({**session, **wrong}))
     else:
         (folder / "session.json").write_text("[]" if damage == "session-list" else '"hello"')
     await restart_extension(server)
@@ -192,7 +205,6 @@ async def test_2_one_bad_file_affects_only_its_notebook(
     sessions = {s["path"]: s for s in listing["sessions"]}
     assert sessions["good.ipynb"]["warnings"] == []
     assert sessions["bad.ipynb"]["state"] == "paused"
-    named = "checkpoint 2" if damage == "manifest-no-created" else "session.json is unreadable"
     assert any(named in warning for warning in sessions["bad.ipynb"]["warnings"]), sessions
     assert (
         'jupyter_pause_sessions{state="paused"} 2.0'
