@@ -343,10 +343,12 @@ async def test_5_no_store_content_yields_a_5xx(
     if damage.startswith("manifest"):
         assert listing[1]["id"] == 2 and "damaged" in listing[1]
 
-    # And the resume restores the intact checkpoint, whole
+    # And the resume restores the intact checkpoint, whole; new checkpoints are not blocked
     record = await resume_and_wait(server, "five.ipynb")
     assert record["state"] == "ready", record
     assert await server.run(record["kernel_id"], CHECKSUM_CELL) == expected
+    code, body = await server.call("POST", "checkpoint", "five.ipynb")
+    assert code == 200 and body["result"]["saved"] == ["data", "weights"]
 
 
 # -- 6. after a disk-full moment, the state is saved again ------------------------------------
