@@ -20,17 +20,17 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import metrics
+from . import metrics, store_view
 from .backends.base import Backend, BackendError, SessionSpec
 from .formatting import format_bytes, format_reasons
 from .kernel import store as store_mod
 from .kernel_bridge import KernelActivity, KernelBridge, KernelCallError
 from .policy import Policy
 from .records import STATES, RecordWriter, SessionRecord, read_folder
+from .store_view import StoreView, inspect_store
 
 RUNNING_STATES = ("active", "ready", "partial")
 IN_FLIGHT_STATES = ("checkpointing", "pausing", "resuming", "waiting-for-resources", "restoring")
@@ -62,68 +62,6 @@ def restore_shortfall(result: dict[str, Any]) -> dict[str, str]:
     if isinstance(session, dict):
         missing.update(session.get("failed") or {})
     return missing
-
-
-@dataclass
-class StoreView:
-    """What the server reads of one notebook's store (on a worker thread)."""
-
-    latest: dict[str, Any] | None  # the newest intact checkpoint: id, created, bytes, token
-    hold: dict[str, Any] | None  # the retention hold (store.retention_hold), if any
-    problems: list[str]  # damaged or unreadable files, named
-
-
-def inspect_store(
-    store: store_mod.NotebookStore, known: tuple[Any, StoreView] | None = None
-) -> tuple[Any, StoreView]:
-    """Read a notebook's store: blocking, so the orchestrator runs it off the event loop.
-
-    ``known`` is the (stamp, view) of an earlier call: while nothing changed since, it is the
-    answer, and no manifest is read again (sessions are polled every few seconds).
-    """
-    stamp = store.change_stamp()
-    if known is not None and known[0] == stamp:
-        return known
-    intact, bad = store.scan()
-    latest = None
-    if intact:
-        newest = max(intact)
-        manifest = intact[newest]
-        latest = {
-            "id": newest,
-            "created": manifest["created"],
-            "bytes": store_mod.manifest_bytes(manifest),
-            "process_token": manifest["process_token"],
-        }
-    return stamp, StoreView(latest, store.retention_hold(), store.problems(bad))
-
-
-def list_checkpoints(store: store_mod.NotebookStore) -> dict[str, Any]:
-    """Every checkpoint of a store, newest last (blocking: run off the event loop)."""
-    intact, bad = store.scan()
-    checkpoints: list[dict[str, Any]] = []
-    for checkpoint_id in sorted({*intact, *bad}):
-        if checkpoint_id in bad:
-            checkpoints.append({"id": checkpoint_id, "damaged": str(bad[checkpoint_id])})
-            continue
-        manifest = intact[checkpoint_id]
-        checkpoints.append(
-            {
-                "id": checkpoint_id,
-                "created": manifest["created"],
-                "reason": manifest.get("reason")
-                if isinstance(manifest.get("reason"), str)
-                else None,
-                "bytes": store_mod.manifest_bytes(manifest),
-                "variables": store_mod.manifest_variables(manifest),
-                "skipped": manifest["skipped"],
-            }
-        )
-    for checkpoint_id, why in store.damaged().items():
-        checkpoints.append({"id": checkpoint_id, "damaged": f"moved aside: {why}"})
-    checkpoints.sort(key=lambda c: c["id"])
-    torn = [vars(t) for t in store.torn_history()]
-    return {"checkpoints": checkpoints, "interrupted": torn, "hold": store.retention_hold()}
 
 
 class Orchestrator:
@@ -919,7 +857,7 @@ class Orchestrator:
     async def checkpoints(self, path: str) -> dict[str, Any]:
         """A notebook's checkpoints, newest last, damaged ones named, and interrupted ones."""
         store = store_mod.NotebookStore(self.store_root, self.notebook_key(path))
-        listing = await asyncio.to_thread(list_checkpoints, store)
+        listing = await asyncio.to_thread(store_view.list_checkpoints, store)
         if not listing["checkpoints"] and path not in self.records:
             raise UnknownSession(f"No session or checkpoints for {path!r}")
         return {"path": path, **listing}
@@ -931,60 +869,12 @@ class Orchestrator:
         writing a checkpoint) on a worker thread, never on the server's loop.
         """
         if self._collecting is None or self._collecting.done():
-            self._collecting = asyncio.ensure_future(asyncio.to_thread(self._collect_all))
-        return await asyncio.shield(self._collecting)
-
-    def _collect_all(self) -> dict[str, Any]:
-        removed: dict[str, list[int]] = {}
-        held: list[str] = []
-        problems: list[dict[str, str]] = []
-        freed = 0
-        try:
-            folders = sorted(self.store_root.iterdir()) if self.store_root.is_dir() else []
-        except OSError as err:
-            return {
-                "removed": {},
-                "bytes_freed": 0,
-                "held": [],
-                "problems": [{"folder": ".", "problem": f"the store cannot be read ({err})"}],
-            }
-        for folder in folders:
-            try:
-                store = self._folder_store(folder)
-                if store is None:
-                    continue
-                name = self._path_of(store.key) or folder.name
-                if store.retention_hold() is not None:
-                    held.append(name)
-                    continue
-                before = store.disk_usage()
-                gone = store.apply_retention(
-                    self.policy.keep_last, self.policy.max_age_hours * 3600, self.policy.max_bytes
+            self._collecting = asyncio.ensure_future(
+                asyncio.to_thread(
+                    store_view.collect_all, self.store_root, self.policy, self._path_of
                 )
-                freed += before - store.disk_usage()
-                if gone:
-                    removed[name] = gone
-            except (OSError, ValueError, store_mod.StoreError) as err:
-                problems.append({"folder": folder.name, "problem": str(err)})
-        return {"removed": removed, "bytes_freed": freed, "held": held, "problems": problems}
-
-    def _folder_store(self, folder: Path) -> store_mod.NotebookStore | None:
-        """The store of one folder (None: not a notebook's folder); ValueError when damaged."""
-        if folder.is_symlink():
-            raise ValueError("a symbolic link: not followed (the store holds no links)")
-        info = folder / "notebook.json"
-        if not folder.is_dir() or not info.exists():
-            return None
-        try:
-            key = json.loads(info.read_bytes()).get("key")
-        except (ValueError, AttributeError) as err:
-            raise ValueError(f"{info.name} is unreadable ({err})") from None
-        if not isinstance(key, str):
-            raise ValueError(f"{info.name} names no notebook")
-        store = store_mod.NotebookStore(self.store_root, key)
-        if store.path != folder:
-            raise ValueError(f"{info.name} names a notebook of another folder ({store.path.name})")
-        return store
+            )
+        return await asyncio.shield(self._collecting)
 
     def metrics_snapshot(self) -> dict[str, Any]:
         """What the Prometheus collector reports at each scrape."""

@@ -172,15 +172,10 @@ def read_folder(folder: Path) -> tuple[SessionRecord | None, str | None, str | N
         pass
     except (OSError, ValueError) as err:
         problem = f"{path} is unreadable ({err})"
-    info = folder / "notebook.json"
     try:
-        key = json.loads(info.read_bytes())["key"]
-        if not isinstance(key, str):
-            raise ValueError("no notebook key")
-    except FileNotFoundError:
-        return None, None, problem
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        return None, None, f"{info} is unreadable ({err}); " + (problem or "")
+        key = store_mod.folder_notebook_key(folder)
+    except ValueError as err:
+        return None, None, "; ".join(filter(None, (str(err), problem)))
     return None, key, problem
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+from functools import cache
 from http.client import responses
 from typing import Any
 
@@ -86,6 +87,7 @@ class PauseAPIHandler(APIHandler):
         return path_prefixes(str(orchestrator.store_root), orchestrator.root_dir)
 
 
+@cache
 def path_prefixes(store_root: str, root_dir: str) -> list[tuple[str, str]]:
     """(absolute prefix, what it becomes in an answer), longest first."""
     pairs = []

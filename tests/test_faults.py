@@ -337,7 +337,7 @@ async def test_5_no_store_content_yields_a_5xx(
     collected = answers["gc"][1]
     assert collected["removed"] == {"later.ipynb": [1]}
     if damage == "notebook-info":
-        assert collected["problems"][0]["problem"].startswith("notebook.json is unreadable")
+        assert "notebook.json is unreadable" in collected["problems"][0]["problem"]
     listing = answers["checkpoints"][1]["checkpoints"]
     assert listing[0]["id"] == 1 and "damaged" not in listing[0]
     if damage.startswith("manifest"):

@@ -340,6 +340,23 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def folder_notebook_key(folder: Path) -> str | None:
+    """The notebook a store folder belongs to (its ``notebook.json``); None when it names none.
+
+    Raises ValueError when ``notebook.json`` is there but cannot be read.
+    """
+    info = folder / "notebook.json"
+    try:
+        key = json.loads(info.read_bytes()).get("key")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, AttributeError) as err:
+        raise ValueError(f"{info} is unreadable ({err})") from None
+    if not isinstance(key, str):
+        raise ValueError(f"{info} names no notebook")
+    return key
+
+
 def _numbered(folder: Path) -> list[int]:
     """Ids of the ``000007.json`` files in a folder, sorted (none when it is missing)."""
     try:
