@@ -55,10 +55,10 @@ server:
 
 exit codes:
   0  success
-  1  the operation failed (pause failed and the session kept running, resume failed,
-     checkpoint failed)
+  1  the operation failed (pause failed and the session kept running, resume failed or
+     did not restore everything, checkpoint failed)
   2  usage error
-  3  no server found, or the server is unreachable
+  3  no server found, the server is unreachable, or it has no jupyter_pause API
   4  unknown notebook
   5  busy or conflicting (e.g. already paused, a pause/resume in progress)
   6  not authorised (wrong or missing token)
@@ -266,7 +266,14 @@ class Client:
             raise CliError(
                 f"Cannot reach the Jupyter server at {self.server.url}: {reason}", EXIT_NO_SERVER
             ) from None
-        return json.loads(body) if body else None
+        try:
+            return json.loads(body) if body else None
+        except ValueError:
+            raise CliError(
+                f"{url} did not answer JSON (a web page?): is {self.server.url} a Jupyter server "
+                "with jupyter_pause, with its base URL?",
+                EXIT_NO_SERVER,
+            ) from None
 
     def http_error(self, err: urllib.error.HTTPError) -> CliError:
         """The server's JSON message, with the exit code its status means."""
@@ -277,7 +284,11 @@ class Client:
         if err.code == 403:
             message = f"Not authorised by {self.server.url} ({message}): check the token"
         elif err.code == 404 and message in ("Not Found", None, ""):
-            message = f"{self.server.url} has no jupyter_pause API: is the extension enabled?"
+            # Not one of our 404s (they always say which notebook): the URL is not ours.
+            return CliError(
+                f"{self.server.url} has no jupyter_pause API: is the extension enabled?",
+                EXIT_NO_SERVER,
+            )
         return CliError(str(message), HTTP_EXIT_CODES.get(err.code, EXIT_FAILED))
 
 
@@ -403,11 +414,25 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
     )
     if not sessions:
         print("Sessions: none")
+        print_attention([], status.get("problems") or [])
         return EXIT_OK
     print("Sessions:")
     rows = [session_row(s) for s in sessions]
     print(table(("  PATH", "STATE", "GPUS", "MESSAGE"), [("  " + r[0], *r[1:]) for r in rows]))
+    print_attention(sessions, status.get("problems") or [])
     return EXIT_OK
+
+
+def print_attention(sessions: list[dict[str, Any]], problems: list[str]) -> None:
+    """What needs the user: incomplete restores (and how to recover), damaged files."""
+    for session in sessions:
+        if session.get("hold"):
+            error = session.get("error") or {}
+            print(f"Held: {session['path']}: {error.get('recovery') or 'retention is held'}")
+        for warning in session.get("warnings") or []:
+            print(f"Warning: {session['path']}: {warning}")
+    for problem in problems:
+        print(f"Warning: {problem}")
 
 
 def session_row(session: dict[str, Any]) -> tuple[str, str, str, str]:
@@ -476,6 +501,12 @@ def cmd_resume(client: Client, args: argparse.Namespace) -> int:
         # Nothing in flight: the server answered a running session (a harmless no-op).
         return report_started(record, args)
     record = follow(client, args, record, RESUME_IN_FLIGHT)
+    if record["state"] == "partial":
+        recovery = (record.get("error") or {}).get("recovery") or ""
+        raise CliError(
+            f"Resume of {args.path} incomplete: {record.get('message')} {recovery}".rstrip(),
+            EXIT_FAILED,
+        )
     if record["state"] != "ready":
         raise CliError(
             f"Resume of {args.path} failed: "
@@ -499,6 +530,18 @@ def resume_summary(path: str, record: dict[str, Any], seconds: float) -> str:
         reasons = format_reasons(failed)
         detail += f"; {len(failed)} not restored: {reasons}"
     return f"Resumed {path}: restored from files ({detail}) in {took}"
+
+
+def cmd_accept(client: Client, args: argparse.Namespace) -> int:
+    record = client.post("accept", quote_path(args.path))
+    if args.json:
+        print_json(record)
+    else:
+        print(
+            f"{args.path}: carrying on without what was not restored; its old checkpoints are "
+            "subject to retention again"
+        )
+    return EXIT_OK
 
 
 def follow(
@@ -647,6 +690,10 @@ def cmd_gc(client: Client, args: argparse.Namespace) -> int:
         print_json(result)
         return EXIT_OK
     removed = result.get("removed") or {}
+    for notebook in result.get("held") or []:
+        print(f"Kept every checkpoint of {notebook}: its last restore was incomplete")
+    for problem in result.get("problems") or []:
+        print(f"Warning: {problem.get('folder')}: {problem.get('problem')}")
     if not removed:
         print("Nothing to remove: every checkpoint is within the retention policy.")
         return EXIT_OK
@@ -714,6 +761,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("list", cmd_list, "a notebook's checkpoints, or all sessions", "optional")
     add("timeline", cmd_timeline, "a notebook's pause/resume events and GPU time", "required")
     add("gc", cmd_gc, "apply the retention policy to every notebook's checkpoints")
+    add(
+        "accept",
+        cmd_accept,
+        "carry on after an incomplete restore: retention may delete old checkpoints again",
+        "required",
+    )
     return parser
 
 

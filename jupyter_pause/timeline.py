@@ -25,6 +25,7 @@ EVENT_KINDS = (
     "state_restored",  # data: how (live|files), restored, failed
     "kernel_ready",
     "first_cell_executed",  # the researcher's next cell after the resume
+    "hold_released",  # the user accepted an incomplete restore: retention applies again
     "failed",  # data: what, recovery
 )
 

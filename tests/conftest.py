@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from .cli_runner import Cli
 from .kernels import Kernel, KernelFactory
 from .servers import Server
 
@@ -77,3 +80,25 @@ def start_kernel(tmp_path: Path, store: Path) -> Iterator[KernelFactory]:
 @pytest.fixture
 def server(jp_fetch: Any, jp_serverapp: Any) -> Server:
     return Server(jp_fetch, jp_serverapp)
+
+
+@pytest.fixture
+def jp(jp_serverapp: Any, jp_http_port: int, jp_base_url: str, jp_runtime_dir: Path) -> Cli:
+    url = f"http://localhost:{jp_http_port}{jp_base_url}"
+    return Cli(url, jp_serverapp.identity_provider.token, jp_runtime_dir)
+
+
+def _mount_tiny(path: Path) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(path)], capture_output=True
+    )
+    return done.returncode == 0
+
+
+@pytest.fixture
+def tiny_store(pause_store: Path) -> Any:
+    if os.geteuid() != 0 or not _mount_tiny(pause_store):
+        pytest.skip("needs permission to mount a small tmpfs to fill up")
+    yield pause_store
+    subprocess.run(["umount", "-l", str(pause_store)], check=False)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +11,7 @@ from typing import Any
 import pytest
 from tornado.httpclient import HTTPClientError
 
-from .servers import Server
+from .servers import Server, pause_and_wait
 
 pytest.importorskip("torch")
 
@@ -26,12 +24,6 @@ data = torch.randn(32, 8)
 table = np.arange(12.0).reshape(3, 4)
 loss = model(data).pow(2).mean(); loss.backward(); optimizer.step()
 """
-
-
-async def pause_and_wait(server: Server, path: str) -> dict[str, Any]:
-    code, record = await server.call("POST", "pause", path)
-    assert code == 202 and record["state"] == "checkpointing"
-    return await server.wait_state(path, "paused", "active")
 
 
 async def test_pause_then_resume_restores_the_model_from_files(server: Server) -> None:
@@ -295,22 +287,6 @@ async def test_resume_waits_for_a_gpu_first_come_first_served(server: Server) ->
     assert await server.run(ready["kernel_id"], "print(who)") == "a\n"
 
 
-def _mount_tiny(path: Path) -> bool:
-    path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(path)], capture_output=True
-    )
-    return done.returncode == 0
-
-
-@pytest.fixture
-def tiny_store(pause_store: Path) -> Any:
-    if os.geteuid() != 0 or not _mount_tiny(pause_store):
-        pytest.skip("needs permission to mount a small tmpfs to fill up")
-    yield pause_store
-    subprocess.run(["umount", "-l", str(pause_store)], check=False)
-
-
 async def test_full_disk_during_pause_keeps_the_session_running(
     server: Server, tiny_store: Path
 ) -> None:
@@ -343,7 +319,7 @@ async def test_metrics_and_gc(server: Server) -> None:
     assert 'jupyter_pause_pauses_total{outcome="paused"}' in text
     assert 'jupyter_pause_gpu_seconds{kind="released"}' in text
     code, gc = await server.call("POST", "gc")
-    assert code == 200 and gc == {"removed": {}, "bytes_freed": 0}
+    assert code == 200 and gc == {"removed": {}, "bytes_freed": 0, "held": [], "problems": []}
 
 
 async def test_idle_kernels_are_checkpointed_before_the_culler_kills_them(server: Server) -> None:

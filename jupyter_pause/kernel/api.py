@@ -714,7 +714,8 @@ class Checkpointer(Configurable):
         try:
             states = loader.extra(digest)
         except (RestoreError, store_mod.StoreError) as err:
-            return SessionReport(failed={f"session ({phase} the variables)": str(err)})
+            what = "imports, environment, settings" if phase == "before" else "registered magics"
+            return SessionReport(failed={f"session ({what})": str(err)})
         return apply_session(states, self._session_context([]))
 
     # -- listing and deleting --------------------------------------------------------------------

@@ -19,6 +19,7 @@ the page cache.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -111,7 +112,11 @@ class DataFileWriter:
             os.close(self.fd)
             self.fd = -1
         if not self._stage.closed:
-            self._stage.close()
+            # After a failed write (a full disk), the traceback being handled still holds
+            # views of the stage: closing it now would replace that error with a BufferError.
+            # The memory goes with the traceback.
+            with contextlib.suppress(BufferError):
+                self._stage.close()
 
     # -- internals --------------------------------------------------------------------------
     def _pad_to(self, offset: int) -> None:
