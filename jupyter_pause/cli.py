@@ -14,9 +14,7 @@ import os
 import posixpath
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -127,20 +125,46 @@ class ServerInfo:
 
 
 def running_servers() -> list[dict[str, Any]]:
-    """The servers of this user's runtime files, like ``jupyter server list``."""
-    # Imported here: only discovery needs jupyter_server, --url works without it.
+    """The servers of this user's runtime files, like ``jupyter server list``.
+
+    Read here rather than through ``jupyter_server.serverapp.list_running_servers``: importing
+    the server takes seconds, and a command typed in a loop must answer at once.
+    """
+    folder = runtime_dir()
     try:
-        from jupyter_server.serverapp import list_running_servers
-    except ImportError:
+        names = sorted(os.listdir(folder))
+    except OSError:
         return []
-    return [info for info in list_running_servers() if info.get("url")]
+    servers = []
+    for name in names:
+        if not (name.startswith("jpserver-") and name.endswith(".json")):
+            continue
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as handle:
+                info = json.load(handle)
+        except (OSError, ValueError):
+            continue  # a file being written, or not one of a server's
+        if isinstance(info, dict) and info.get("url") and _alive(info.get("pid")):
+            servers.append(info)
+    return servers
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:  # someone else's process, but alive
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def runtime_dir() -> str:
-    try:
-        from jupyter_core.paths import jupyter_runtime_dir
-    except ImportError:
-        return "the Jupyter runtime directory"
+    """Where Jupyter servers write their runtime files (``jupyter --runtime-dir``)."""
+    from jupyter_core.paths import jupyter_runtime_dir  # light, unlike jupyter_server
+
     return jupyter_runtime_dir()
 
 
@@ -245,6 +269,9 @@ class Client:
         return self.request("POST", parts, timeout)
 
     def request(self, method: str, parts: Sequence[str], timeout: float | None) -> Any:
+        import urllib.error  # here, not at the top: `--help` and "no server" answer sooner
+        import urllib.request
+
         url = self.base + "/".join(parts)
         request = urllib.request.Request(url, method=method)
         request.add_header("Authorization", f"token {self.server.token}")
@@ -275,8 +302,9 @@ class Client:
                 EXIT_NO_SERVER,
             ) from None
 
-    def http_error(self, err: urllib.error.HTTPError) -> CliError:
-        """The server's JSON message, with the exit code its status means."""
+    def http_error(self, err: Any) -> CliError:
+        """An ``urllib.error.HTTPError``: the server's JSON message, with the exit code its
+        status means."""
         try:
             message = json.loads(err.read()).get("message") or err.reason
         except (ValueError, AttributeError, OSError):

@@ -356,6 +356,9 @@ class Orchestrator:
                 self._save(record)
             elif kind == "request" and data.get("action") == "pause":
                 self._spawn(self._pause_when_idle(record.path, "%pause in the notebook"))
+            elif kind == "request" and data.get("action") == "checkpointed":
+                await self._note_checkpoint(record, data)
+                self._save(record)
 
         try:
             await self.bridge.watch(kernel_id, record.activity, on_event)
@@ -438,21 +441,34 @@ class Orchestrator:
             raise Conflict(f"Checkpoint failed: {answer['error']}")
         result = answer["result"]
         record.process_token = answer.get("token")
-        record.checkpoint = (await self._inspect(record)).latest
-        record.timeline.add(
-            "checkpoint_written",
-            checkpoint_id=result["checkpoint_id"],
-            bytes_written=result["bytes_written"],
-            bytes_total=result["bytes_total"],
-            seconds=result["seconds"],
-            skipped=result["skipped"],
-        )
-        metrics.checkpoint_written(result["bytes_written"])
+        await self._note_checkpoint(record, result)
         # A manual checkpoint returns to the state (and message) it interrupted.
         self._set(
             record, then, message if then != "checkpointing" else record.message, progress=None
         )
         return result
+
+    async def _note_checkpoint(self, record: SessionRecord, result: dict[str, Any]) -> None:
+        """Put a checkpoint on the notebook's timeline, once: the kernel announces every one
+        (``%checkpoint``, scheduled ones, and those the server asked for)."""
+        checkpoint_id = result.get("checkpoint_id")
+        if any(
+            event.kind == "checkpoint_written" and event.data.get("checkpoint_id") == checkpoint_id
+            for event in record.timeline.events
+        ):
+            return
+        # Added before the first await: the announcement and the server's own call may race.
+        record.timeline.add(
+            "checkpoint_written",
+            checkpoint_id=checkpoint_id,
+            bytes_written=result.get("bytes_written", 0),
+            bytes_total=result.get("bytes_total", 0),
+            seconds=result.get("seconds", 0.0),
+            skipped=result.get("skipped", {}),
+            reason=result.get("reason", "manual"),
+        )
+        metrics.checkpoint_written(int(result.get("bytes_written", 0)))
+        record.checkpoint = (await self._inspect(record)).latest
 
     async def _poll_progress(self, record: SessionRecord) -> None:
         progress_file = self.store_for(record).path / "progress.json"

@@ -332,6 +332,11 @@ async def test_the_server_is_found_from_its_runtime_file(
     assert (code, err) == (0, "")
     assert json.loads(out)["server"] == jp_serverapp.connection_url
 
+    # And finding it never imported the server itself (seconds of imports for a typed command)
+    code, _, imports = await jp("status", discover=True, PYTHONPROFILEIMPORTTIME="1")
+    assert code == 0 and "jupyter_core.paths" in imports  # discovery did run
+    assert " jupyter_server" not in imports and " tornado" not in imports
+
 
 async def test_notebook_given_as_a_file_path(
     server: Server, jp: Cli, jp_serverapp: Any, jp_root_dir: Path

@@ -418,3 +418,23 @@ async def test_reopening_a_paused_notebook_keeps_it_paused_until_resumed(server:
     assert ready["state"] == "ready" and ready["how"] == "files" and ready["kernel_id"] == fresh
     assert await server.run(fresh, "print(kept)") == "yes\n"
     assert len(server.app.kernel_manager.list_kernel_ids()) == 1
+
+
+async def test_checkpoints_taken_in_the_notebook_are_on_its_timeline(server: Server) -> None:
+    # Given a notebook the server watches and has introduced itself to
+    kernel_id = await server.open_notebook("cells.ipynb")
+    await server.wait_for("cells.ipynb", lambda r: r["watching"] and r["process_token"])
+
+    # When a cell checkpoints, and then the toolbar does
+    await server.run(kernel_id, "x = 1\n%checkpoint")
+    await server.wait_for(
+        "cells.ipynb", lambda r: r["checkpoint"] is not None and r["checkpoint"]["id"] == 1
+    )
+    code, _answer = await server.call("POST", "checkpoint", "cells.ipynb")
+    assert code == 200
+
+    # Then both are on the timeline, each once, with who took it
+    _, timeline = await server.call("GET", "timeline", "cells.ipynb")
+    written = [e["data"] for e in timeline["events"] if e["kind"] == "checkpoint_written"]
+    assert [(d["checkpoint_id"], d["reason"]) for d in written] == [(1, "manual"), (2, "manual")]
+    assert timeline["accounting"]["bytes_saved"] == sum(d["bytes_written"] for d in written)
