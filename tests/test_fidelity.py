@@ -64,7 +64,7 @@ def test_a_value_that_cannot_cross_is_named_and_excused(tmp_path: Path) -> None:
     assert outcome.verdict == EXCUSED, _explain(outcome)
     assert outcome.reported_lost == ["gen"]
     assert outcome.first_difference is not None
-    assert "gen" in outcome.first_difference.got
+    assert outcome.first_difference.error == "NameError: name 'gen' is not defined"
 
 
 def _write_notebook(path: Path, cells: list[str]) -> Path:
@@ -83,8 +83,8 @@ def test_a_restore_that_loses_the_session_fails(tmp_path: Path) -> None:
     assert outcome.verdict == FAIL
     assert outcome.first_difference is not None
     assert outcome.first_difference.cell == 1
-    assert outcome.first_difference.expected == "42"
-    assert outcome.first_difference.got == "NameError: name 'total' is not defined"
+    assert outcome.first_difference.expected == "error: (nothing)"
+    assert outcome.first_difference.got == "error: NameError: name 'total' is not defined"
     assert outcome.variables == {"total": "missing"}
 
 

@@ -6,8 +6,8 @@ fingerprints of a resumed run can be compared with those of an uninterrupted one
 
 A fingerprint covers what a later cell could observe: array and tensor bytes (gradients
 included), types, file positions, whether a notebook function still sees the notebook's own
-globals, and how objects are shared inside the namespace (an optimizer holding the model's own
-parameters, two arrays over the same memory). A look-alike copy therefore does not pass.
+globals, and how objects are shared inside the namespace (an optimizer holding the model's
+own parameters, two top-level arrays over the same memory). A look-alike copy does not pass.
 Values with no stable fingerprint are reported as ``?reason``: only their presence counts.
 """
 
@@ -93,6 +93,11 @@ class _Digester:
         if kind is frozenset:
             self._feed_set(h, value, depth)
             return
+        # numpy arrays by content only: libraries copy or view them at will (a restored array
+        # that views a buffer makes sklearn copy it), so which object holds them is no part
+        # of the notebook's state. Overlapping top-level arrays are checked by memory instead.
+        if self._feed_numpy(h, value, depth):
+            return
         if self._seen_before(h, value):
             return
         for feeder in (
@@ -116,15 +121,19 @@ class _Digester:
         return False
 
     # -- libraries -------------------------------------------------------------------------------
-    def _feed_library_value(self, h: Any, value: Any, depth: int) -> bool:
+    def _feed_numpy(self, h: Any, value: Any, depth: int) -> bool:
         numpy = sys.modules.get("numpy")
-        if numpy is not None:
-            if isinstance(value, numpy.ndarray):
-                self._feed_ndarray(h, value, depth)
-                return True
-            if isinstance(value, numpy.generic):
-                _put(h, "numpy scalar", value.dtype.str, value.tobytes().hex())
-                return True
+        if numpy is None:
+            return False
+        if isinstance(value, numpy.ndarray):
+            self._feed_ndarray(h, value, depth)
+            return True
+        if isinstance(value, numpy.generic):
+            _put(h, "numpy scalar", value.dtype.str, value.tobytes().hex())
+            return True
+        return False
+
+    def _feed_library_value(self, h: Any, value: Any, depth: int) -> bool:
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(value, torch.Tensor):
             self._feed_tensor(h, value, depth)

@@ -22,7 +22,7 @@ from .corpus import Notebook
 from .excuse import excused
 from .kernel import NotebookKernel, kernel_environment
 from .methods import Method, names_reported_lost
-from .outputs import UNSTABLE, CellOutput, same_output, stability
+from .outputs import UNSTABLE, CellOutput, describe_difference, same_output, stability
 
 PASS, EXCUSED, FAIL = "pass", "excused", "fail"
 
@@ -68,8 +68,9 @@ class Reference:
 class Difference:
     cell: int
     source: str  # first line of the cell
-    expected: str
+    expected: str  # the first part of its outputs that differs: "stdout: ...", "error: ..."
     got: str
+    error: str | None  # the error the resumed cell raised, if any
 
 
 @dataclass
@@ -227,7 +228,9 @@ class NotebookBench:
 
     def _difference(self, index: int, resumed: CellOutput, reference: Reference) -> Difference:
         source = self.notebook.cells[index].strip().splitlines() or [""]
-        return Difference(index, source[0], reference.outputs[index].brief(), resumed.brief())
+        level = reference.stability[index]
+        expected, got = describe_difference(reference.outputs[index], resumed, level)
+        return Difference(index, source[0], expected, got, resumed.error)
 
     # -- plumbing --------------------------------------------------------------------------------
     def _fresh_folders(self) -> None:
@@ -257,7 +260,7 @@ class NotebookBench:
         for line in output.stdout.splitlines():
             if line.startswith(_DIGEST_MARK):
                 return json.loads(line[len(_DIGEST_MARK) :])
-        raise RuntimeError(f"fingerprinting the variables failed: {output.brief()}")
+        raise RuntimeError(f"fingerprinting the variables failed: {_transcript(output)}")
 
 
 def compare_variables(reference: dict[str, str], resumed: dict[str, str]) -> dict[str, str]:

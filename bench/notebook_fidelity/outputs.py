@@ -11,6 +11,7 @@ import base64
 import hashlib
 import re
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import Any
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
@@ -67,20 +68,34 @@ class CellOutput:
             "status": self.status,
         }
 
-    def brief(self) -> str:
-        """One line for a report: the error, else the start of what was printed or shown."""
-        if self.error:
-            return self.error
-        if self.status != "ok":
-            return self.status
-        for text in (self.stdout, self.stderr):
-            if text.strip():
-                return _first_line(text)
-        for display in self.displays:
-            if "text/plain" in display:
-                return _first_line(display["text/plain"])
-            return ", ".join(display)
-        return "(no output)"
+
+def describe_difference(expected: CellOutput, got: CellOutput, level: str) -> tuple[str, str]:
+    """The first part of a cell's outputs that differs, as one line each: (expected, got)."""
+    want, have = expected.record(level), got.record(level)
+    for key in ("error", "status", "stdout", "stderr"):
+        if want[key] != have[key]:
+            return _first_different_line(want[key] or "", have[key] or "", key)
+    for shown, shows in zip_longest(want["displays"], have["displays"], fillvalue={}):
+        if shown != shows:
+            return _display_line(shown), _display_line(shows)
+    return "(same)", "(same)"
+
+
+def _first_different_line(want: str, have: str, what: str) -> tuple[str, str]:
+    for old, new in zip_longest(want.splitlines(), have.splitlines(), fillvalue=""):
+        if old != new:
+            return f"{what}: {_clip(old) or '(nothing)'}", f"{what}: {_clip(new) or '(nothing)'}"
+    return f"{what}: (nothing)", f"{what}: (nothing)"
+
+
+def _display_line(shown: dict[str, str]) -> str:
+    if not shown:
+        return "(no display)"
+    parts = [
+        f"{mime} {_clip(value.strip().splitlines()[0]) if value.strip() else ''}"
+        for mime, value in shown.items()
+    ]
+    return "display: " + "; ".join(parts)
 
 
 def _display(data: dict[str, Any]) -> dict[str, str]:
@@ -97,8 +112,7 @@ def _display(data: dict[str, Any]) -> dict[str, str]:
     return shown
 
 
-def _first_line(text: str, width: int = 120) -> str:
-    line = text.strip().splitlines()[0]
+def _clip(line: str, width: int = 120) -> str:
     return line if len(line) <= width else line[: width - 3] + "..."
 
 

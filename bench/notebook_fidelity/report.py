@@ -51,12 +51,12 @@ def category(outcome: SplitOutcome, modules: set[str]) -> str:
     difference = outcome.first_difference
     if difference is None:
         return "variables differ, every output matches"
-    match = _NAME_ERROR.match(difference.got)
+    if difference.error is None:
+        return "different output, no error"
+    match = _NAME_ERROR.match(difference.error)
     if match:
         return "NameError on a module" if match.group(1) in modules else "NameError on a variable"
-    if difference.got.split(":", 1)[0].endswith(("Error", "Exception", "Interrupt")):
-        return difference.got.split(":", 1)[0]
-    return "different output, no error"
+    return difference.error.split(":", 1)[0]
 
 
 def failures(results: list[NotebookResult]) -> str:
