@@ -83,7 +83,7 @@ def test_a_restore_that_loses_the_session_fails(tmp_path: Path) -> None:
     assert outcome.verdict == FAIL
     assert outcome.first_difference is not None
     assert outcome.first_difference.cell == 1
-    assert outcome.first_difference.expected == "error: (nothing)"
+    assert outcome.first_difference.expected == "error: (none)"
     assert outcome.first_difference.got == "error: NameError: name 'total' is not defined"
     assert outcome.variables == {"total": "missing"}
 

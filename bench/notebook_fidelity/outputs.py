@@ -84,8 +84,8 @@ def describe_difference(expected: CellOutput, got: CellOutput, level: str) -> tu
 def _first_different_line(want: str, have: str, what: str) -> tuple[str, str]:
     for old, new in zip_longest(want.splitlines(), have.splitlines(), fillvalue=""):
         if old != new:
-            return f"{what}: {_clip(old) or '(nothing)'}", f"{what}: {_clip(new) or '(nothing)'}"
-    return f"{what}: (nothing)", f"{what}: (nothing)"
+            return f"{what}: {_clip(old) or '(none)'}", f"{what}: {_clip(new) or '(none)'}"
+    return f"{what}: (none)", f"{what}: (none)"
 
 
 def _display_line(shown: dict[str, str]) -> str:
