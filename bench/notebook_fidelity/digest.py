@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import sys
 import types
 from typing import Any
@@ -304,7 +305,10 @@ class _Digester:
     def _feed_file(self, h: Any, value: Any, depth: int) -> bool:
         if not isinstance(value, io.IOBase):
             return False
-        _put(h, "file", type(value).__name__, repr(getattr(value, "name", None)))
+        name = getattr(value, "name", None)
+        if isinstance(name, str):  # the same file, whether reopened by a relative path or not
+            name = os.path.abspath(name)
+        _put(h, "file", type(value).__name__, repr(name))
         _put(h, repr(getattr(value, "mode", None)), str(value.closed))
         if not value.closed and value.seekable():
             _put(h, str(value.tell()))

@@ -41,18 +41,41 @@ DILL = Method(
 
 METHODS = {method.name: method for method in (JUPYTER_PAUSE, DILL)}
 
-# A restore summary lists what came back first, then what did not, under headings such as
-# "not restored:", "not in the checkpoint:" or "skipped:", each entry "name (why)".
+# A restore summary is a list of groups, "heading: entry; entry" separated by "; " or new
+# lines, each entry "name (why)", and the headings of what did not come back say so ("not
+# restored", "not in the checkpoint", "skipped", ...). Reasons may hold ":" and ";" too, but
+# only inside their parentheses.
 _LOSS_HEADING = re.compile(
     r"not restored|not in the checkpoint|skipped|not saved|could not|did not|failed", re.I
 )
-_LOSS_ENTRY = re.compile(r"(?:^|[:;,]\s*)([A-Za-z_][\w.]*) \(", re.M)
+_ENTRY_NAME = re.compile(r"\s*([A-Za-z_][\w.]*)\s*\(")
 
 
 def names_reported_lost(restore_output: str) -> set[str]:
-    """The names a restore's output says did not come back (after its first loss heading)."""
-    heading = _LOSS_HEADING.search(restore_output)
-    if heading is None:
-        return set()
-    tail = restore_output[heading.start() :]
-    return {match.group(1) for match in _LOSS_ENTRY.finditer(tail)}
+    """The names a restore's output lists under a heading of what did not come back."""
+    lost: set[str] = set()
+    losing = False
+    for item in _top_level_split(restore_output, ";\n"):
+        colon = _top_level_split(item, ":", limit=1)
+        if len(colon) == 2:  # a new group: "heading: first entry"
+            losing = bool(_LOSS_HEADING.search(colon[0]))
+            item = colon[1]
+        name = _ENTRY_NAME.match(item)
+        if losing and name:
+            lost.add(name.group(1))
+    return lost
+
+
+def _top_level_split(text: str, separators: str, limit: int = -1) -> list[str]:
+    """``text`` cut at ``separators`` that are outside parentheses."""
+    pieces, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth = max(0, depth - 1)
+        elif char in separators and depth == 0 and len(pieces) != limit:
+            pieces.append(text[start:index])
+            start = index + 1
+    pieces.append(text[start:])
+    return pieces
