@@ -79,7 +79,9 @@ class SplitOutcome:
     method: str
     verdict: str
     save_output: str
+    save_error: str | None  # the save raised this (nothing was saved, or not all)
     restore_output: str
+    restore_error: str | None
     reported_lost: list[str]
     first_difference: Difference | None
     differing_cells: list[int]
@@ -169,7 +171,8 @@ class NotebookBench:
         """Run to ``k``, carry the session across with ``method``, run the rest, compare."""
         started = time.perf_counter()
         saved, restored, resumed = self._run_split(k, method)
-        lost = names_reported_lost(restored) if method.reports_losses else set()
+        restore_text = _transcript(restored)
+        lost = names_reported_lost(restore_text) if method.reports_losses else set()
         differing = self._differing_cells(k, resumed.outputs, reference)
         variables = compare_variables(reference.digests, resumed.digests)
         if not differing and not variables:
@@ -185,8 +188,10 @@ class NotebookBench:
             split=k,
             method=method.name,
             verdict=verdict,
-            save_output=saved,
-            restore_output=restored,
+            save_output=_transcript(saved),
+            save_error=saved.error,
+            restore_output=restore_text,
+            restore_error=restored.error,
             reported_lost=sorted(lost),
             first_difference=first,
             differing_cells=differing,
@@ -194,8 +199,8 @@ class NotebookBench:
             seconds=time.perf_counter() - started,
         )
 
-    def _run_split(self, k: int, method: Method) -> tuple[str, str, Run]:
-        """(what the save said, what the restore said, the resumed cells and variables)."""
+    def _run_split(self, k: int, method: Method) -> tuple[CellOutput, CellOutput, Run]:
+        """(what the save showed, what the restore showed, the resumed cells and variables)."""
         started = time.perf_counter()
         self._fresh_folders()
         before = self._start(seed=True)
@@ -213,7 +218,7 @@ class NotebookBench:
         finally:
             after.close()
         resumed = Run(outputs, digests, time.perf_counter() - started)
-        return _transcript(saved), _transcript(restored), resumed
+        return saved, restored, resumed
 
     # -- comparing -------------------------------------------------------------------------------
     @staticmethod

@@ -47,7 +47,10 @@ def table(results: list[NotebookResult], methods: list[Method]) -> str:
 
 
 def category(outcome: SplitOutcome, modules: set[str]) -> str:
-    """What kind of failure: the error the first differing cell raised, or what differed."""
+    """What kind of failure: the save or restore that raised, else the error the first
+    differing cell raised, or what differed."""
+    for step, error in _step_errors(outcome):
+        return f"{step} raised {error.split(':', 1)[0]}"
     difference = outcome.first_difference
     if difference is None:
         return "variables differ, every output matches"
@@ -59,6 +62,12 @@ def category(outcome: SplitOutcome, modules: set[str]) -> str:
     return difference.error.split(":", 1)[0]
 
 
+def _step_errors(outcome: SplitOutcome) -> list[tuple[str, str]]:
+    """The save or restore steps that raised, with their errors."""
+    steps = (("save", outcome.save_error), ("restore", outcome.restore_error))
+    return [(step, error) for step, error in steps if error]
+
+
 def failures(results: list[NotebookResult]) -> str:
     """Markdown list of every split that did not pass, with its first difference."""
     lines = []
@@ -67,6 +76,8 @@ def failures(results: list[NotebookResult]) -> str:
             if outcome.verdict == PASS:
                 continue
             head = f"- {result.name} @ {outcome.split} {outcome.method}: **{outcome.verdict}**"
+            for step, error in _step_errors(outcome):
+                head += f"; {step} raised `{error[:100]}`"
             difference = outcome.first_difference
             if difference is not None:
                 head += (
