@@ -12,7 +12,7 @@ import pytest
 
 from .cli_runner import Cli
 from .kernels import Kernel, KernelFactory
-from .servers import Server
+from .servers import Server, pause_server_config
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
@@ -43,16 +43,7 @@ def pause_store(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def jp_server_config(pause_store: Path) -> dict:
-    """jupyter_pause enabled, one GPU to share (set by the admin: no GPU needed here)."""
-    return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_pause": True}},
-        "PauseApp": {
-            "store_root": str(pause_store),
-            "gpu_count": 1,
-            "busy_wait_seconds": 1.0,
-            "monitor_interval_seconds": 3600.0,
-        },
-    }
+    return pause_server_config(pause_store)
 
 
 @pytest.fixture

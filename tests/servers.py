@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -105,3 +106,18 @@ async def pause_and_wait(server: Server, path: str) -> dict[str, Any]:
     code, record = await server.call("POST", "pause", path)
     assert code == 202 and record["state"] == "checkpointing"
     return await server.wait_state(path, "paused", "active")
+
+
+def pause_server_config(pause_store: Path, **policy: Any) -> dict:
+    """A server with jupyter_pause writing to ``pause_store``; ``policy`` overrides PauseApp's
+    defaults here: one GPU to share (set by the admin: no GPU needed), short busy waits."""
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_pause": True}},
+        "PauseApp": {
+            "store_root": str(pause_store),
+            "gpu_count": 1,
+            "busy_wait_seconds": 1.0,
+            "monitor_interval_seconds": 3600.0,
+            **policy,
+        },
+    }

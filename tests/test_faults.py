@@ -26,7 +26,7 @@ from jupyter_pause.kernel import store as store_mod
 from jupyter_pause.kernel.api import Checkpointer, CheckpointError
 
 from .cli_runner import Cli
-from .servers import Server, pause_and_wait
+from .servers import Server, pause_and_wait, pause_server_config
 
 pytest.importorskip("torch")
 
@@ -57,16 +57,7 @@ def sample() -> dict[str, Any]:
 @pytest.fixture
 def jp_server_config(pause_store: Path) -> dict:
     """Retention that bites quickly (2 checkpoints), so a wrong deletion would show."""
-    return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_pause": True}},
-        "PauseApp": {
-            "store_root": str(pause_store),
-            "gpu_count": 4,
-            "busy_wait_seconds": 1.0,
-            "keep_last": 2,
-            "monitor_interval_seconds": 3600.0,
-        },
-    }
+    return pause_server_config(pause_store, gpu_count=4, keep_last=2)
 
 
 @pytest.fixture
