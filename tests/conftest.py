@@ -93,3 +93,39 @@ def tiny_store(pause_store: Path) -> Any:
         pytest.skip("needs permission to mount a small tmpfs to fill up")
     yield pause_store
     subprocess.run(["umount", "-l", str(pause_store)], check=False)
+
+
+# -- skips are loud -------------------------------------------------------------------------------
+#: The only skips a run may have and still pass, each with why it is acceptable there.
+#: Any other skip fails the session (set JUPYTER_PAUSE_ALLOW_SKIPS=1 to run a partial suite
+#: on purpose, e.g. without root for the tmpfs tests).
+ALLOWED_SKIPS = {
+    "this filesystem refuses O_DIRECT": (
+        "a store on tmpfs or a network filesystem cannot take O_DIRECT; the page-cache path "
+        "those files then use is tested everywhere"
+    ),
+}
+
+_skips: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and isinstance(report.longrepr, tuple):
+        _skips.append((report.nodeid, str(report.longrepr[2]).removeprefix("Skipped: ")))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.environ.get("JUPYTER_PAUSE_ALLOW_SKIPS") == "1":
+        return
+    unexpected = [
+        (test, why)
+        for test, why in _skips
+        if not any(why.startswith(allowed) for allowed in ALLOWED_SKIPS)
+    ]
+    if unexpected:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_sep("=", "skips that are not allowed (tests/conftest.py ALLOWED_SKIPS)")
+            for test, why in unexpected:
+                reporter.write_line(f"{test}: {why}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -28,8 +28,6 @@ from jupyter_pause.kernel.api import Checkpointer, CheckpointError
 from .cli_runner import Cli
 from .servers import Server, pause_and_wait, pause_server_config
 
-pytest.importorskip("torch")
-
 DATA_CELL = """
 import hashlib, numpy as np
 data = np.arange(200_000, dtype=np.float64) * 1.5

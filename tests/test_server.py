@@ -13,8 +13,6 @@ from tornado.httpclient import HTTPClientError
 
 from .servers import Server, pause_and_wait
 
-pytest.importorskip("torch")
-
 MODEL_CELL = """
 import numpy as np, torch
 torch.manual_seed(0)
@@ -27,6 +25,7 @@ loss = model(data).pow(2).mean(); loss.backward(); optimizer.step()
 
 
 async def test_pause_then_resume_restores_the_model_from_files(server: Server) -> None:
+    pytest.importorskip("torch")  # the only test here that needs it: a model on the kernel
     # Given a notebook whose kernel holds a trained model and data
     kernel_id = await server.open_notebook("exp/train.ipynb")
     await server.run(kernel_id, MODEL_CELL)
