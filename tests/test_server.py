@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tornado.httpclient import HTTPClientError
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from .servers import Server, pause_and_wait
 
@@ -437,3 +437,43 @@ async def test_checkpoints_taken_in_the_notebook_are_on_its_timeline(server: Ser
     written = [e["data"] for e in timeline["events"] if e["kind"] == "checkpoint_written"]
     assert [(d["checkpoint_id"], d["reason"]) for d in written] == [(1, "manual"), (2, "manual")]
     assert timeline["accounting"]["bytes_saved"] == sum(d["bytes_written"] for d in written)
+
+
+async def test_twenty_resumes_at_once_while_waiting_for_a_gpu_make_one_restore(
+    server: Server, jp_http_port: int, jp_base_url: str, jp_auth_header: dict[str, str]
+) -> None:
+    # Given one GPU: A paused, B holding the GPU
+    a = await server.open_notebook("a.ipynb")
+    await server.run(a, "who = 'a'")
+    await pause_and_wait(server, "a.ipynb")
+    await server.open_notebook("b.ipynb")
+
+    # When 20 resumes of A arrive at the same moment, on 20 connections of their own (the
+    # test server's client would send at most 10 at once), while A must wait for the GPU
+    client = AsyncHTTPClient(force_instance=True, max_clients=32)
+    url = f"http://localhost:{jp_http_port}{jp_base_url}jupyter-pause/resume/a.ipynb"
+    try:
+        answers = await asyncio.gather(
+            *(
+                client.fetch(url, method="POST", body="{}", headers=jp_auth_header)
+                for _ in range(20)
+            )
+        )
+    finally:
+        client.close()
+
+    # Then all joined one resume, waiting once in the queue
+    assert {answer.code for answer in answers} == {202}
+    waiting = await server.wait_state("a.ipynb", "waiting-for-resources")
+    _, status = await server.call("GET", "status")
+    assert status["resources"]["queue"] == ["a.ipynb"] and waiting["queue_position"] == 1
+
+    # And once B is paused, A is restored exactly once, into one kernel
+    await pause_and_wait(server, "b.ipynb")
+    ready = await server.wait_state("a.ipynb", "ready", "failed")
+    assert ready["state"] == "ready", ready
+    _, timeline = await server.call("GET", "timeline", "a.ipynb")
+    kinds = [e["kind"] for e in timeline["events"]]
+    assert kinds.count("resume_requested") == 1 and kinds.count("state_restored") == 1
+    assert server.app.kernel_manager.list_kernel_ids() == [ready["kernel_id"]]
+    assert await server.run(ready["kernel_id"], "print(who)") == "a\n"
