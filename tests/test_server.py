@@ -477,3 +477,45 @@ async def test_twenty_resumes_at_once_while_waiting_for_a_gpu_make_one_restore(
     assert kinds.count("resume_requested") == 1 and kinds.count("state_restored") == 1
     assert server.app.kernel_manager.list_kernel_ids() == [ready["kernel_id"]]
     assert await server.run(ready["kernel_id"], "print(who)") == "a\n"
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """``name{labels}`` -> value, from a Prometheus text exposition."""
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+async def test_each_metric_moves_by_what_happened(server: Server) -> None:
+    # Given the metrics before anything happens (the registry is shared: read the movement)
+    async def scrape() -> dict[str, float]:
+        return metric_values((await server.fetch("metrics")).body.decode())
+
+    kernel_id = await server.open_notebook("counted.ipynb")
+    await server.run(kernel_id, "import numpy as np\nblock = np.ones(250_000)")
+    before = await scrape()
+
+    # When the notebook is paused once and resumed once
+    paused = await pause_and_wait(server, "counted.ipynb")
+    await server.call("POST", "resume", "counted.ipynb")
+    await server.wait_state("counted.ipynb", "ready")
+    after = await scrape()
+
+    # Then each counter moved by exactly that, and the checkpoint's bytes were counted
+    def moved(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    _, timeline = await server.call("GET", "timeline", "counted.ipynb")
+    written = sum(
+        e["data"]["bytes_written"] for e in timeline["events"] if e["kind"] == "checkpoint_written"
+    )
+    assert paused["state"] == "paused" and written >= 2_000_000
+    assert moved('jupyter_pause_pauses_total{outcome="paused"}') == 1
+    assert moved('jupyter_pause_resumes_total{how="files"}') == 1
+    assert moved("jupyter_pause_checkpoint_bytes_written_total") == written
+    assert moved("jupyter_pause_resume_to_ready_seconds_count") == 1
+    assert moved("jupyter_pause_checkpoint_failures_total") == 0
+    assert after['jupyter_pause_sessions{state="ready"}'] == 1
