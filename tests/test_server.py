@@ -519,3 +519,42 @@ async def test_each_metric_moves_by_what_happened(server: Server) -> None:
     assert moved("jupyter_pause_resume_to_ready_seconds_count") == 1
     assert moved("jupyter_pause_checkpoint_failures_total") == 0
     assert after['jupyter_pause_sessions{state="ready"}'] == 1
+
+
+async def test_the_culler_checkpoint_comes_at_80_percent_of_its_timeout(server: Server) -> None:
+    # Given a culler timeout of 1000 s and an idle notebook (the clock is passed in)
+    server.orchestrator.cull_idle_seconds = 1000.0
+    kernel_id = await server.open_notebook("edge.ipynb")
+    await server.watched("edge.ipynb")
+    await server.run(kernel_id, "kept = 1")
+    record = server.orchestrator.records["edge.ipynb"]
+    quiet_since = max(record.activity.last_activity, record.started)
+
+    async def checkpoints() -> list[str]:
+        _, listing = await server.call("GET", "checkpoints", "edge.ipynb")
+        return [c["reason"] for c in listing["checkpoints"]]
+
+    # When the monitor looks at 79% of the timeout: nothing yet
+    await server.orchestrator.check_idle(now=quiet_since + 790)
+    assert await checkpoints() == []
+    # At 81%: the state is saved before the culler may strike
+    await server.orchestrator.check_idle(now=quiet_since + 810)
+    assert await checkpoints() == ["before-cull"]
+
+
+async def test_young_sessions_are_not_auto_paused(server: Server) -> None:
+    # Given a pause after 1 idle minute, but never within the first 10 minutes of a session
+    policy = server.orchestrator.policy
+    policy.idle_pause_minutes = 1.0
+    policy.min_running_minutes = 10.0
+    policy.kernelspec_overrides = {}
+    kernel_id = await server.open_notebook("young.ipynb")
+    await server.watched("young.ipynb")
+    await server.run(kernel_id, "y = 1")
+    record = server.orchestrator.records["young.ipynb"]
+
+    # When it has been idle 5 minutes, 6 minutes after it started: not paused
+    assert await server.orchestrator.check_idle(now=record.started + 6 * 60) == []
+    # When it has been idle longer, 11 minutes after it started: paused
+    assert await server.orchestrator.check_idle(now=record.started + 11 * 60) == ["young.ipynb"]
+    await server.wait_state("young.ipynb", "paused")
