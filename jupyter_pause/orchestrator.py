@@ -565,7 +565,9 @@ class Orchestrator:
             self._set(record, "pausing", "Stopping the kernel and releasing its GPU.")
             try:
                 outcome = await self.backend.stop(self._spec(record))
-            except BackendError as err:
+            except Exception as err:  # a backend's bug too: never leave the session "pausing"
+                if not isinstance(err, BackendError):
+                    log.exception("jupyter_pause: stopping %s failed", record.path)
                 intact = self._intact_text((await self._inspect(record)).latest)
                 record.timeline.add("failed", what=f"stop: {err}")
                 self._set(
@@ -684,7 +686,9 @@ class Orchestrator:
                 failed=restore_shortfall(result),
             )
             await self._finish_resume(record, "files", result, started)
-        except (BackendError, KernelCallError) as err:
+        except Exception as err:  # a backend's bug too: never leave the session "resuming"
+            if not isinstance(err, BackendError | KernelCallError):
+                log.exception("jupyter_pause: resuming %s failed", record.path)
             latest = (await self._inspect(record)).latest
             if restoring and latest is not None:
                 # The kernel may hold part of the state: keep every checkpoint until it is
