@@ -97,13 +97,14 @@ class ServerClient(cli.Client):
         content = {
             "cells": [
                 {
+                    "id": f"drill-{i}",
                     "cell_type": "code",
                     "metadata": {},
                     "source": code,
                     "outputs": [],
                     "execution_count": None,
                 }
-                for code in cells
+                for i, code in enumerate(cells)
             ],
             "metadata": {
                 "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}

@@ -11,6 +11,9 @@ from ..formatting import format_bytes
 from ..markdown import md_table, pyplot, save
 from .study import RELEASE_SHARE
 
+#: The daily chart shows the last four weeks (the JSON has every day of the window).
+CHART_DAYS = 28
+
 
 def _when(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(at))
@@ -223,7 +226,7 @@ def charts(report: dict[str, Any], folder: Path) -> list[Path]:
     plt = pyplot()
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    days = report["days"]
+    days = report["days"][-CHART_DAYS:]
     if days:
         figure, axes = plt.subplots(figsize=(8, 3.2))
         x = range(len(days))
@@ -236,7 +239,7 @@ def charts(report: dict[str, Any], folder: Path) -> list[Path]:
             axes.bar([i + shift for i in x], [d[key] for d in days], width, label=label)
         axes.set_xticks(list(x), [d["day"][5:] for d in days], rotation=45, ha="right")
         axes.set_ylabel("GPU hours")
-        axes.set_title("GPU hours per day")
+        axes.set_title(f"GPU hours per day (the last {len(days)} days with GPU time)")
         axes.legend()
         written.append(save(figure, folder / "gpu-hours-per-day.png"))
     outcomes = report["idle_threshold_study"]["thresholds"]
