@@ -21,7 +21,7 @@ from jupyter_pause.kernel import store as store_mod
 from jupyter_pause.orchestrator import Orchestrator
 
 from .cli_runner import Cli
-from .servers import Server
+from .servers import Server, pause_and_wait
 
 pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
@@ -151,7 +151,7 @@ async def test_the_drill_fails_when_a_second_restore_runs(
     server: Server, jp: Cli, tmp_path: Path
 ) -> None:
     server.orchestrator.__class__ = RestoresTwice
-    code, _, stderr, report = await drill(jp, tmp_path / "drill", "--rush", "0")
+    code, _, _, report = await drill(jp, tmp_path / "drill", "--rush", "0")
     assert code == 1
     assert failures(report)["one restore for two requests"] == (
         "2 restores started for 2 requests: a second restore ran"
@@ -182,3 +182,45 @@ async def test_the_drill_fails_when_deleted_checkpoints_keep_their_data(
     assert detail.endswith(
         "remain in its store folder (0 checkpoint(s) left): the storage was not freed"
     )
+
+
+async def prepare_drill_notebook(server: Server) -> str:
+    """What the drill leaves with --keep: its notebook run, with its result file; the kernel."""
+    from jupyter_pause.drill import notebook
+
+    await server.fetch(
+        "api", "contents", "pause-drill", method="PUT", body=json.dumps({"type": "directory"})
+    )
+    kernel_id = await server.open_notebook(MAIN)
+    for code in notebook.cells("seed"):
+        await server.run(kernel_id, code)
+    await server.watched(MAIN)
+    return kernel_id
+
+
+async def test_upgrade_check_tells_live_from_files_from_a_new_session(
+    server: Server, jp: Cli, tmp_path: Path
+) -> None:
+    out = tmp_path / "check"
+    # Given the drill notebook whose process wrote its checkpoint and still runs
+    await prepare_drill_notebook(server)
+    # Then it is the live process: its liveness token is the checkpoint's
+    code, stdout, stderr = await jp("drill", "--upgrade-check", "--out", str(out))
+    assert (code, stderr) == (0, ""), stderr
+    assert stdout.startswith(f"{MAIN}: live process: its liveness token is the one of")
+
+    # Given it was paused (as before a migration); when the check runs, it resumes it
+    await pause_and_wait(server, MAIN)
+    code, stdout, stderr = await jp("drill", "--upgrade-check", "--out", str(out))
+    # Then a new process came back with the state: restored from files
+    assert code == 0, stderr
+    assert stdout.startswith(f"{MAIN}: restored from files: a new process (another liveness")
+    assert json.loads((out / "upgrade-check.json").read_text())["output_identical"] is True
+
+    # Given it was paused again, and the notebook merely opened in a new session
+    await pause_and_wait(server, MAIN)
+    await server.open_notebook(MAIN)
+    # Then the check says nothing came back, and exits 1
+    code, stdout, _ = await jp("drill", "--upgrade-check", "--out", str(out))
+    assert code == 1
+    assert stdout.startswith(f"{MAIN}: not restored: a new session that merely opened the old")

@@ -82,7 +82,9 @@ print(json.dumps({{"input": _sha("input.npy"), "result": _sha("result.json"),
 #: What the upgrade check asks a kernel: its liveness token, and the model if it has one.
 LIVENESS = """\
 import json, jupyter_pause
-_found = {"token": jupyter_pause.process_token(), "has_model": "model" in globals()}
+_saved = jupyter_pause.list_checkpoints()  # the manifests record their writer's token
+_found = {"token": jupyter_pause.process_token(), "has_model": "model" in globals(),
+          "written_by": _saved[-1].process_token if _saved else None}
 if _found["has_model"]:
     import hashlib, torch
     with torch.no_grad():

@@ -34,7 +34,6 @@ def check(client: ServerClient, timeout: float, stream: TextIO = sys.stderr) -> 
     result = f"{FOLDER}/{notebook.DATA_DIR}/result.json"
     saved = client.api("GET", f"contents/{cli.quote_path(result)}?type=file&format=text")
     expected = json.loads(saved["content"])["digest"]
-    written_by = (record.get("checkpoint") or {}).get("process_token")
     if record["kernel_id"] is None:
         stream.write(f"{MAIN} is {record['state']}: resuming it, as its user would\n")
         client.post("resume", cli.quote_path(MAIN))
@@ -42,6 +41,7 @@ def check(client: ServerClient, timeout: float, stream: TextIO = sys.stderr) -> 
         if record["state"] not in ("ready", "partial"):
             raise DrillError(f"the resume ended {record['state']}: {record['message']}")
     found = client.run_cell(record["kernel_id"], notebook.LIVENESS, timeout).json_line()
+    written_by = found["written_by"]  # the token of the process that wrote the checkpoint
     if written_by and found["token"] == written_by:
         verdict, why = (
             LIVE,
