@@ -291,10 +291,11 @@ export class TimelinePanel extends Widget {
 
 /** An empty chart of the given size, described for screen readers by ``label``. */
 function chart(width: number, height: number, label: string): SVGElement {
+  // Scales down with a narrow panel (split beside the notebook), never up.
   return svg('svg', {
     class: 'jp-JupyterPause-Chart',
-    width,
-    height,
+    width: '100%',
+    style: `max-width: ${width}px`,
     viewBox: `0 0 ${width} ${height}`,
     role: 'img',
     'aria-label': label
