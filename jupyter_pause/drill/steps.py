@@ -7,7 +7,6 @@ drill runs (GPU memory without a GPU) is said so, never invented.
 
 from __future__ import annotations
 
-import os
 import platform
 import shutil
 import socket
@@ -70,12 +69,10 @@ def _count(events: list[dict[str, Any]], kind: str, since: float) -> int:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    from ..kernel.store import _pid_alive
+
+    if not _pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     try:
         with open(f"/proc/{pid}/stat") as stat:  # a zombie is gone in all but name
             return stat.read().split(")")[-1].split()[0] != "Z"
