@@ -121,6 +121,18 @@ class PauseApp(ExtensionApp):
         "when the server first talks to them, or by %load_ext jupyter_pause.",
     ).tag(config=True)
 
+    gpu_hour_price = Float(
+        0.0,
+        help="What one GPU-hour costs, in the currency the admin reports in (e.g. 2.5): "
+        "`jupyter pause report` shows what pausing saved and what idle GPUs cost. 0: not shown.",
+    ).tag(config=True)
+
+    storage_gb_month_price = Float(
+        0.0,
+        help="What keeping one GB (10^9 bytes) of checkpoints for a month costs, in the same "
+        "currency (e.g. 0.02): `jupyter pause report` shows what the store costs. 0: not shown.",
+    ).tag(config=True)
+
     monitor_interval_seconds = Float(
         30.0, help="How often idle sessions are looked for (seconds)."
     ).tag(config=True)
@@ -168,6 +180,10 @@ class PauseApp(ExtensionApp):
             cull_idle_seconds=float(getattr(serverapp.kernel_manager, "cull_idle_timeout", 0) or 0),
         )
         self.settings["jupyter_pause_orchestrator"] = self.orchestrator
+        self.settings["jupyter_pause_prices"] = {
+            "gpu_hour": self.gpu_hour_price,
+            "storage_gb_month": self.storage_gb_month_price,
+        }
         self._collector = metrics.register(self.orchestrator.metrics_snapshot)
         self._warn_about_culling(serverapp.kernel_manager, policy)
 

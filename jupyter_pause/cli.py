@@ -795,7 +795,124 @@ def build_parser() -> argparse.ArgumentParser:
         "carry on after an incomplete restore: retention may delete old checkpoints again",
         "required",
     )
+    add_report(
+        add(
+            "report",
+            cmd_report,
+            "GPU hours allocated, worked and released; storage; "
+            "resume latency; an idle-threshold study (Markdown on stdout)",
+        )
+    )
+    add_drill(
+        add(
+            "drill",
+            cmd_drill,
+            "pause and resume a drill notebook on this server's "
+            "backend, probe its failure paths, and write a report folder",
+        )
+    )
     return parser
+
+
+def non_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
+
+
+def add_report(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--since", default="7d", help="window: 7d, 36h, 90m, 2w or all (default 7d)")
+    sub.add_argument(
+        "--by",
+        choices=("notebook", "user", "kernelspec"),
+        default="notebook",
+        help="rows per notebook, user (owner of its store folder) or kernelspec",
+    )
+    sub.add_argument("--out", metavar="DIR", help="write report.md, report.json and PNG charts")
+    sub.add_argument(
+        "--store",
+        nargs="?",
+        const="",
+        metavar="DIR",
+        help="read the checkpoint store instead of a server (default: the server's; the "
+        "default store when no server runs)",
+    )
+    sub.add_argument("--gpu-hour-price", type=non_negative, help="overrides the server's price")
+    sub.add_argument(
+        "--storage-gb-month-price", type=non_negative, help="overrides the server's price"
+    )
+    sub.set_defaults(finds_server=False)
+
+
+def add_drill(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--out",
+        metavar="DIR",
+        default="pause-drill-report",
+        help="folder of report.md, report.json and the charts (default: pause-drill-report)",
+    )
+    sub.add_argument(
+        "--backend",
+        help="backend of the server the drill starts (default: the server's own); "
+        "with a running server, the drill stops unless it uses this backend",
+    )
+    sub.add_argument(
+        "--model",
+        default="seed",
+        help="'seed' (a small MLP built from a fixed seed, offline), 'seed:MB' (about MB of "
+        "weights), a file saved with torch.save, or hf:NAME from the local Hugging Face cache",
+    )
+    sub.add_argument(
+        "--rush",
+        type=int,
+        default=3,
+        metavar="N",
+        help="notebooks resumed at once against fewer GPUs (default 3; 0 skips the rush)",
+    )
+    sub.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        metavar="K",
+        help="GPUs the drill's own server hands out (c.PauseApp.gpu_count; default 1)",
+    )
+    sub.add_argument(
+        "--own-server",
+        action="store_true",
+        help="start a server of its own (as `make lab` does) even when one is running",
+    )
+    sub.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the drill notebook paused with its checkpoint, for --upgrade-check later",
+    )
+    sub.add_argument(
+        "--upgrade-check",
+        action="store_true",
+        help="after an upgrade or migration: tell whether the drill notebook kept by --keep "
+        "came back as the live process, from files, or not at all (a new session)",
+    )
+    sub.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        default=300.0,
+        metavar="SECONDS",
+        help="longest wait for any one step (default 300)",
+    )
+    sub.set_defaults(finds_server=False)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .usage.command import run  # matplotlib and the store code: only for this command
+
+    return run(args)
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    from .drill.command import run
+
+    return run(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -806,6 +923,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
+        if not getattr(args, "finds_server", True):
+            return args.handler(args)  # finds (or starts) its server itself
         server = find_server(args)
         notebook = getattr(args, "notebook", None)
         args.path = None if notebook is None else server_path(notebook, server.root_dir)

@@ -155,10 +155,13 @@ class KernelBridge:
                 activity.busy, activity.busy_since = False, None
                 activity.last_activity = now
         elif kind == "execute_input" and not ours:
+            idle_since = activity.last_activity
             activity.execution_count = msg["content"].get("execution_count")
             activity.cells_executed += 1
             activity.last_activity = now
-            await on_event("cell", {"execution_count": activity.execution_count})
+            await on_event(
+                "cell", {"execution_count": activity.execution_count, "idle_since": idle_since}
+            )
         elif kind == REQUEST_MSG_TYPE:
             await on_event("request", dict(msg["content"]))
 

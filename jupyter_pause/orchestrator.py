@@ -347,6 +347,8 @@ class Orchestrator:
 
     async def _watch(self, record: SessionRecord, kernel_id: str) -> None:
         async def on_event(kind: str, data: dict[str, Any]) -> None:
+            if kind == "cell":
+                self._note_return(record, data.pop("idle_since", None))
             if kind == "cell" and record.awaiting_first_cell:
                 record.awaiting_first_cell = False
                 event = record.timeline.add("first_cell_executed", **data)
@@ -820,7 +822,14 @@ class Orchestrator:
         record = self.records.get(path)
         if record is None:
             raise UnknownSession(f"No session for {path!r}")
+        self._note_return(record, record.activity.last_activity)
         record.activity.last_activity = time.time()
+
+    def _note_return(self, record: SessionRecord, idle_since: float | None) -> None:
+        """The user is back: a long idle gap while the kernel held GPUs goes on the timeline
+        (the GPU-hours report's idle-threshold study replays them)."""
+        if record.gpus and record.timeline.add_idle_gap(idle_since) is not None:
+            self._save(record)
 
     async def _monitor_loop(self, interval: float) -> None:
         while True:

@@ -254,6 +254,21 @@ class GCHandler(PauseAPIHandler):
         self.finish(await self.run(self.orchestrator.gc()))
 
 
+class UsageHandler(PauseAPIHandler):
+    """``GET /jupyter-pause/usage``: every notebook's timeline and storage, and the admin's
+    prices (what ``jupyter pause report`` and ``jupyter pause drill`` read)."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        from .usage import sources  # the report's code: loaded when first asked for
+
+        await self.run(self.orchestrator.sync_sessions())
+        prices = self.settings.get("jupyter_pause_prices") or {}
+        listing = await self.run(sources.server_listing(self.orchestrator, prices))
+        self.finish(listing)
+
+
 class NotFoundHandler(PauseAPIHandler):
     """Any other URL below ``/jupyter-pause/``: a JSON 404 naming what exists."""
 
@@ -282,6 +297,7 @@ def handlers() -> list[tuple[str, type[PauseAPIHandler]]]:
         (f"{base}/checkpoints/{_PATH}", CheckpointsHandler),
         (f"{base}/timeline/{_PATH}", TimelineHandler),
         (f"{base}/gc", GCHandler),
+        (f"{base}/usage", UsageHandler),
         (f"{base}/openapi.json", OpenAPIHandler),
         (f"{base}(/.*)?", NotFoundHandler),
     ]

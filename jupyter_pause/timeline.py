@@ -26,8 +26,12 @@ EVENT_KINDS = (
     "kernel_ready",
     "first_cell_executed",  # the researcher's next cell after the resume
     "hold_released",  # the user accepted an incomplete restore: retention applies again
+    "idle_gap",  # at: the start of a gap without activity; data: seconds (the user came back)
     "failed",  # data: what, recovery
 )
+
+#: Shorter gaps without activity are not recorded: the shortest idle threshold worth studying.
+IDLE_GAP_MIN_SECONDS = 300.0
 
 
 @dataclass
@@ -75,6 +79,14 @@ class Timeline:
         if len(self.events) > self.limit:
             del self.events[: len(self.events) - self.limit]
         return event
+
+    def add_idle_gap(self, since: float | None, now: float | None = None) -> Event | None:
+        """The user came back at ``now`` after no activity since ``since``: a gap long enough
+        to matter for an idle policy is recorded (the GPU-hours report replays them)."""
+        now = time.time() if now is None else now
+        if not since or now - since < IDLE_GAP_MIN_SECONDS:
+            return None
+        return self.add("idle_gap", at=since, seconds=now - since)
 
     def last(self, kind: str) -> Event | None:
         for event in reversed(self.events):
