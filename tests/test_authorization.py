@@ -73,6 +73,7 @@ def test_the_routes_cover_every_endpoint() -> None:
         "timeline",
         "gc",
         "openapi.json",
+        "usage",
     }
 
 
