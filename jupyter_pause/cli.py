@@ -773,10 +773,23 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    add("status", cmd_status, "the server, its GPUs and queue, and every session's state")
+    status = add("status", cmd_status, "the server, its GPUs and queue, and every session's state")
     checkpoint = add("checkpoint", cmd_checkpoint, "checkpoint a running notebook now", "required")
     pause = add("pause", cmd_pause, "checkpoint, stop the kernel and release its GPU", "required")
-    resume = add("resume", cmd_resume, "start a kernel and restore the checkpoint", "required")
+    resume = add(
+        "resume",
+        cmd_resume,
+        "start a kernel and restore the checkpoint (or resume a whole paused Workspace)",
+        "optional",
+    )
+    for sub in (status, resume):
+        sub.add_argument(
+            "--workspace",
+            metavar="NAMESPACE/NAME",
+            help="a Kubeflow Workspace, from outside its pod (kubeconfig, or in-cluster)",
+        )
+        sub.add_argument("--kubeconfig", help="with --workspace: this kubeconfig file")
+        sub.add_argument("--context", help="with --workspace: this kubeconfig context")
     for sub in (checkpoint, pause, resume):
         sub.add_argument(
             "--timeout",
@@ -806,6 +819,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
+        if getattr(args, "workspace", None):
+            from . import workspace_cli  # imports the kubernetes client: only when asked
+
+            return workspace_cli.run(args)
+        if args.command == "resume" and args.notebook is None:
+            parser.error("resume needs NOTEBOOK, or --workspace NAMESPACE/NAME")
         server = find_server(args)
         notebook = getattr(args, "notebook", None)
         args.path = None if notebook is None else server_path(notebook, server.root_dir)

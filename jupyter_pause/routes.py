@@ -254,6 +254,15 @@ class GCHandler(PauseAPIHandler):
         self.finish(await self.run(self.orchestrator.gc()))
 
 
+class SnapshotsHandler(PauseAPIHandler):
+    """``GET /jupyter-pause/snapshots``: the pod snapshots this workspace made, if any."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.finish(await self.run(self.orchestrator.snapshots()))
+
+
 class NotFoundHandler(PauseAPIHandler):
     """Any other URL below ``/jupyter-pause/``: a JSON 404 naming what exists."""
 
@@ -282,6 +291,7 @@ def handlers() -> list[tuple[str, type[PauseAPIHandler]]]:
         (f"{base}/checkpoints/{_PATH}", CheckpointsHandler),
         (f"{base}/timeline/{_PATH}", TimelineHandler),
         (f"{base}/gc", GCHandler),
+        (f"{base}/snapshots", SnapshotsHandler),
         (f"{base}/openapi.json", OpenAPIHandler),
         (f"{base}(/.*)?", NotFoundHandler),
     ]

@@ -8,6 +8,7 @@
 # etcd-server, which the control plane needs. ~10-14 min on 2 cores the first time.
 #
 # Usage: tests/cluster/kube-apiserver.sh   -> prints the path of the binary (builds it if needed)
+#        JUPYTER_PAUSE_CACHE_ONLY=1 ...      -> prints it only when cached, else exits 3 (no build)
 set -euo pipefail
 
 VERSION=1.20.5+really1.20.2-1.1+deb12u1
@@ -17,6 +18,7 @@ if [ -x "$BIN" ] && command -v etcd >/dev/null; then
     echo "$BIN"
     exit 0
 fi
+[ -n "${JUPYTER_PAUSE_CACHE_ONLY:-}" ] && exit 3
 
 apt_install() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
