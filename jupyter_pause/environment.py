@@ -205,6 +205,8 @@ class Environment:
             await self.write(state)
             self._mark_paused(running, state, outcome)
             await self.o.writer.flush()
+            if outcome.name:  # retention: older snapshots go before the pod does
+                await self.expire_snapshots()
             try:
                 await self.backend.stop_environment(state)
             except BackendError as err:

@@ -140,8 +140,13 @@ class WorkspaceBackend(EnvironmentBackend):
         return self.kube
 
     def _connect(self) -> None:
-        self.kube = Kube.in_cluster(self.settings.service_account_dir, self.settings.environ)
-        self.pod = self.kube.get_pod(self.settings.namespace, self.settings.pod_name)
+        try:
+            kube = Kube.in_cluster(self.settings.service_account_dir, self.settings.environ)
+            self.pod = kube.get_pod(self.settings.namespace, self.settings.pod_name)
+        except KubeError as err:
+            self.problem = str(err)
+            raise
+        self.kube = kube
         labels = (self.pod.get("metadata") or {}).get("labels") or {}
         self.workspace = labels.get(WORKSPACE_LABEL)
         self.gpus = gpu_limit(self.pod)

@@ -76,7 +76,11 @@ class RemoteServer:
         """Execute a cell through the server's websocket; its stdout (fails on an error)."""
         return asyncio.run(self._run(kernel_id, code, timeout))
 
-    async def _run(self, kernel_id: str, code: str, timeout: float) -> str:
+    def start_cell(self, kernel_id: str, code: str) -> None:
+        """Start a long cell and leave it running (the tab closes; the kernel carries on)."""
+        asyncio.run(self._run(kernel_id, code, 0.0, wait=False))
+
+    async def _run(self, kernel_id: str, code: str, timeout: float, wait: bool = True) -> str:
         from tornado.websocket import websocket_connect
 
         ws_url = self.url.replace("http://", "ws://") + f"/api/kernels/{kernel_id}/channels"
@@ -113,7 +117,7 @@ class RemoteServer:
         errors: list[str] = []
         deadline = time.monotonic() + timeout
         try:
-            while True:
+            while wait:
                 left = deadline - time.monotonic()
                 assert left > 0, f"no answer from kernel {kernel_id} in {timeout} s"
                 raw = await asyncio.wait_for(connection.read_message(), left)
@@ -128,6 +132,11 @@ class RemoteServer:
                     errors.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
                 elif kind == "status" and msg["content"]["execution_state"] == "idle":
                     break
+            if not wait:  # the request is on its way once the kernel says it is busy with it
+                while True:
+                    msg = json.loads(await asyncio.wait_for(connection.read_message(), 30) or "{}")
+                    if msg.get("parent_header", {}).get("msg_id") == msg_id:
+                        break
         finally:
             connection.close()
         assert not errors, errors

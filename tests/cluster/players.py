@@ -140,6 +140,7 @@ class WorkspacePlay:
     service_account: str
     gpus: int = 1
     grace_seconds: float = 30.0  # the pod's terminationGracePeriodSeconds
+    api_port: int | None = None  # where its pods find the API server (None: the real one)
     pods_created: int = 0
     current: PodProcess | None = None
     stopped: list[PodProcess] = field(default_factory=list)
@@ -250,6 +251,10 @@ class PlayedCluster:
             if snapshot.holds is not None and snapshot.holds.process.poll() is None:
                 snapshot.holds.thaw()
                 snapshot.holds.kill()
+        for play in self.workspaces.values():
+            for pod in [play.current, *play.stopped]:
+                if pod is not None:
+                    shutil.rmtree(pod.workdir, ignore_errors=True)
         self.api.close()
         assert not self.errors, "\n".join(self.errors)
 
@@ -483,7 +488,7 @@ class PlayedCluster:
             POD_NAME=play.pod_name,
             POD_NAMESPACE=self.namespace,
             KUBERNETES_SERVICE_HOST="127.0.0.1",
-            KUBERNETES_SERVICE_PORT=str(self.control_plane.port),
+            KUBERNETES_SERVICE_PORT=str(play.api_port or self.control_plane.port),
             JUPYTER_RUNTIME_DIR=str(workdir / "runtime"),
             JUPYTER_CONFIG_DIR=str(workdir / "config"),
         )
@@ -607,6 +612,40 @@ class PlayedCluster:
             )
             self.control_plane.user.kubeconfig(path, self.namespace)
         return path
+
+    def edit_role(self, drop: dict[str, str]) -> None:
+        """An admin takes verbs from the shipped Role (resource -> verb); waits until RBAC says no."""
+        from kubernetes import client
+
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        role = rbac.read_namespaced_role("jupyter-pause-workspace", self.namespace)
+        rules = []
+        for rule in self.api.sanitize_for_serialization(role)["rules"]:
+            verbs = [v for v in rule["verbs"] if drop.get(rule["resources"][0]) != v]
+            if verbs:
+                rules.append({**rule, "verbs": verbs})
+        rbac.patch_namespaced_role(
+            "jupyter-pause-workspace", self.namespace, {"rules": rules}, _content_type=MERGE
+        )
+        authorization = client.AuthorizationV1Api(self.api)
+        for resource, verb in drop.items():
+            group = "kubeflow.org" if resource == "workspaces" else "podsnapshot.gke.io"
+            review = client.V1SubjectAccessReview(
+                spec=client.V1SubjectAccessReviewSpec(
+                    user=f"system:serviceaccount:{self.namespace}:ws-lab",
+                    groups=[f"system:serviceaccounts:{self.namespace}", "system:serviceaccounts"],
+                    resource_attributes=client.V1ResourceAttributes(
+                        namespace=self.namespace, verb=verb, group=group, resource=resource
+                    ),
+                )
+            )
+            wait_for(
+                lambda review=review: (
+                    not authorization.create_subject_access_review(review).status.allowed
+                ),
+                10,
+                f"RBAC to refuse {verb} {resource}",
+            )
 
     def snapshot_names(self) -> list[str]:
         items = self.custom.list_namespaced_custom_object(

@@ -154,3 +154,237 @@ def test_pause_and_resume_live_from_a_pod_snapshot(
     assert server.run(kernel_a, CHECKSUM_CELL) == expected
     assert server.run(kernel_b, "print(counter)") == "7\n"
     print(f"\nlive: pause {pause_seconds:.2f} s, resume (CLI) {resume_seconds:.2f} s")
+
+
+def resume_from_outside(cluster: PlayedCluster, play: WorkspacePlay, tmp_path: Path) -> str:
+    """``jupyter pause resume --workspace``; its output once the workspace is back."""
+    done = cli(cluster, tmp_path, "resume", "--workspace", f"{cluster.namespace}/{play.name}")
+    assert done.returncode == 0, done.stderr + done.stdout
+    return done.stdout
+
+
+def kinds_since_pause(server: RemoteServer, path: str) -> list[str]:
+    code, timeline = server.request("GET", f"/jupyter-pause/timeline/{path}")
+    assert code == 200
+    kinds = [e["kind"] for e in timeline["events"]]
+    return kinds[len(kinds) - kinds[::-1].index("pause_requested") - 1 :]
+
+
+@pytest.mark.parametrize(
+    ("platform", "why"),
+    [
+        (
+            "no-policy",
+            "no pod snapshot was taken at the pause (no PodSnapshotPolicy in namespace",
+        ),
+        ("silent", "the pod started fresh: snapshot "),
+        ("mismatch", "does not match this pod's spec hash"),
+    ],
+)
+def test_resume_from_files_says_why_it_is_not_live(
+    cluster: PlayedCluster, tmp_path: Path, platform: str, why: str
+) -> None:
+    # Given a workspace whose platform takes snapshots (or not) and cold-starts its pods
+    if platform != "no-policy":
+        cluster.create_policy("manual")
+        cluster.restore_mode = platform  # the platform cold-starts the pod: silently, or saying so
+    play = cluster.create_workspace("lab", tmp_path / "home")
+    server = running(cluster, play)
+    first_pod = play.current.pod_uid
+    kernel_id, expected = notebook_with_data(server, "exp/train.ipynb")
+
+    # When it is paused and resumed from outside
+    paused = pause_workspace(cluster, play, "exp/train.ipynb")
+    assert paused["exp/train.ipynb"]["state"] == "paused"
+    output = resume_from_outside(cluster, play, tmp_path)
+
+    # Then a new kernel holds the whole session again, rebuilt from the checkpoint ...
+    server = running(cluster, play, previous=first_pod)
+    ready = server.wait_state("exp/train.ipynb", "ready", "partial", "failed")
+    assert ready["state"] == "ready" and ready["how"] == "files", ready
+    assert ready["kernel_id"] != kernel_id
+    assert server.run(ready["kernel_id"], CHECKSUM_CELL) == expected  # imports, env, data
+    # ... and the cold start is said, with why, never passed off as live
+    assert ready["message"].startswith("Ready: restored from files (")
+    assert "Cold start: " in ready["message"] and why in ready["message"], ready["message"]
+    restored = [
+        e
+        for e in server.request("GET", "/jupyter-pause/timeline/exp/train.ipynb")[1]["events"]
+        if e["kind"] == "state_restored"
+    ]
+    assert restored[-1]["data"]["how"] == "files" and why in restored[-1]["data"]["why"]
+    recorded = cluster.state_annotation("lab")
+    assert recorded["state"] == "ready" and recorded["how"] == "files" and why in recorded["reason"]
+    assert why in output
+
+
+def test_gpu_scarce_resume_waits_with_the_reason_and_two_resumes_make_one_restore(
+    cluster: PlayedCluster, tmp_path: Path
+) -> None:
+    # Given a paused workspace (no snapshots here: the restore is from files)
+    play = cluster.create_workspace("lab", tmp_path / "home")
+    server = running(cluster, play)
+    first_pod = play.current.pod_uid
+    _, expected = notebook_with_data(server, "a.ipynb")
+    pause_workspace(cluster, play, "a.ipynb")
+    # and another team's job took the only GPU meanwhile
+    cluster.blockers = 1
+    kubeconfig = cluster.user_kubeconfig(tmp_path)
+
+    # When two resumes start at once (two tabs, a retry)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER_PAUSE", "KUBERNETES"))}
+    env["KUBECONFIG"] = str(kubeconfig)
+    target = f"{cluster.namespace}/lab"
+    resumes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "jupyter_pause.cli", "resume", "--workspace", target],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(2)
+    ]
+
+    # Then the workspace waits for resources, with the scheduler's reason and the time waited
+    def waiting() -> dict | None:
+        status = cli(cluster, tmp_path, "status", "--workspace", target, "--json")
+        record = json.loads(status.stdout)
+        return record if record["state"] == "waiting-for-resources" else None
+
+    first = wait_for(waiting, 60, "waiting-for-resources", interval=0.3)
+    assert "Insufficient nvidia.com/gpu" in first["message"], first
+    time.sleep(1.5)
+    later = waiting()
+    assert later is not None and later["waited_seconds"] > first["waited_seconds"]
+    text = cli(cluster, tmp_path, "status", "--workspace", target).stdout
+    assert (
+        "waiting-for-resources" in text
+        and "Insufficient nvidia.com/gpu" in text
+        and "waited" in text
+    )
+
+    # When the GPU is freed
+    cluster.blockers = 0
+    outputs = [process.communicate(timeout=240) for process in resumes]
+
+    # Then both resumes end with the one restore, in one new pod
+    assert [p.returncode for p in resumes] == [0, 0], outputs
+    for out, err in outputs:
+        assert "waiting-for-resources" in err and "Insufficient nvidia.com/gpu" in err
+        assert out.startswith(f"Resumed {target} in ")
+    assert play.pods_created == 2 and len(cluster.started_pods) == 2
+    server = running(cluster, play, previous=first_pod)
+    ready = server.wait_state("a.ipynb", "ready", "partial", "failed")
+    assert ready["state"] == "ready", ready
+    kinds = kinds_since_pause(server, "a.ipynb")
+    assert kinds.count("resume_requested") == 1 and kinds.count("state_restored") == 1, kinds
+    assert server.run(ready["kernel_id"], CHECKSUM_CELL) == expected
+
+
+def test_platform_pause_sigterm_checkpoints_every_kernel_and_nothing_is_lost(
+    cluster: PlayedCluster, tmp_path: Path
+) -> None:
+    # Given a workspace pod (grace period as shipped: Kubernetes' default 30 s) with a notebook
+    # changed since its last checkpoint, and another one busy in a long cell
+    cluster.create_policy("manual")
+    play = cluster.create_workspace("lab", tmp_path / "home", grace=30.0)
+    server = running(cluster, play)
+    first_pod = play.current.pod_uid
+    kernel_id, _ = notebook_with_data(server, "a.ipynb")
+    assert server.request("POST", "/jupyter-pause/checkpoint/a.ipynb")[0] == 200
+    server.run(kernel_id, "data[:10] = -1.0\nlate = 'after the last checkpoint'")
+    expected = server.run(kernel_id, CHECKSUM_CELL)
+    busy = server.open_notebook("b.ipynb")
+    wait_for(lambda: server.session("b.ipynb")["watching"], 30, "the server to watch b.ipynb")
+    server.start_cell(
+        busy, "import time\nstep = 0\nwhile True:\n    step += 1\n    time.sleep(0.01)"
+    )
+    wait_for(lambda: server.session("b.ipynb")["busy"], 30, "the long cell to run")
+    pod = play.current
+
+    # When the platform pauses the workspace itself (Kubeflow's idle culler sets spec.paused)
+    cluster.set_paused("lab", True)
+    wait_for(lambda: pod.process.poll() is not None, 60, "the pod's server to exit")
+
+    # Then the server checkpointed every kernel and exited by itself within the grace period
+    assert pod.exit_seconds is not None and pod.exit_seconds < play.grace_seconds
+    environment = json.loads((store(play) / "environment.json").read_text())
+    assert environment["origin"] == "platform" and environment["snapshot"] is None
+    assert sorted(environment["notebooks"]) == ["a.ipynb", "b.ipynb"]
+    assert environment["checkpoint_seconds"] < 25.0  # PauseApp.platform_stop_seconds, shipped
+    records = on_volume(play)
+    for path in ("a.ipynb", "b.ipynb"):
+        assert records[path]["state"] == "paused", records[path]
+        assert records[path]["message"].startswith("Paused by the platform at "), records[path]
+    events = records["a.ipynb"]["timeline"]
+    requested = [e for e in events if e["kind"] == "pause_requested"][-1]
+    assert requested["data"]["origin"] == "platform" and "SIGTERM" in requested["data"]["reason"]
+    print(
+        f"\nSIGTERM: checkpoints {environment['checkpoint_seconds']:.2f} s, server exit "
+        f"{pod.exit_seconds:.2f} s after SIGTERM (grace {play.grace_seconds:.0f} s)"
+    )
+
+    # When the user resumes the workspace
+    output = resume_from_outside(cluster, play, tmp_path)
+
+    # Then a cold start restores both notebooks, saying the platform paused it: nothing lost
+    server = running(cluster, play, previous=first_pod)
+    ready = server.wait_state("a.ipynb", "ready", "partial", "failed")
+    assert ready["state"] == "ready" and ready["how"] == "files", ready
+    assert "the platform stopped the pod (SIGTERM" in ready["message"]
+    assert server.run(ready["kernel_id"], CHECKSUM_CELL) == expected
+    assert server.run(ready["kernel_id"], "print(late)") == "after the last checkpoint\n"
+    resumed = server.wait_state("b.ipynb", "ready", "partial", "failed")
+    assert int(server.run(resumed["kernel_id"], "print(step)")) > 0  # the cell's work so far
+    assert "SIGTERM" in output
+
+
+def test_a_forbidden_pause_names_the_rbac_verb_and_the_kernel_keeps_running(
+    cluster: PlayedCluster, workspace: WorkspacePlay
+) -> None:
+    # Given a running workspace whose Role lost two verbs (an admin's edit)
+    server = running(cluster, workspace)
+    kernel_id, expected = notebook_with_data(server, "a.ipynb")
+    cluster.edit_role(drop={"workspaces": "patch", "podsnapshotmanualtriggers": "create"})
+
+    # When the notebook is paused
+    code, _ = server.request("POST", "/jupyter-pause/pause/a.ipynb")
+    assert code == 202
+    record = server.wait_state("a.ipynb", "active", "paused")
+
+    # Then the pause fails, naming the verbs RBAC refused, and the session keeps running
+    assert record["state"] == "active", record
+    assert 'the verb "patch" on "workspaces" in API group "kubeflow.org"' in record["error"]["what"]
+    assert "The session keeps running." in record["message"]
+    _, timeline = server.request("GET", "/jupyter-pause/timeline/a.ipynb")
+    assert not any(e["kind"] == "snapshot_taken" for e in timeline["events"])
+    assert cluster.workspace("lab")["spec"]["paused"] is False
+    assert server.run(kernel_id, CHECKSUM_CELL) == expected  # the kernel answers, data intact
+    # And the snapshot step said why it took none
+    env = json.loads((store(workspace) / "environment.json").read_text())
+    assert 'the verb "create" on "podsnapshotmanualtriggers"' in env["snapshot_problem"]
+    assert env["state"] == "running"
+
+
+def test_an_unreachable_api_server_fails_the_pause_clearly_and_nothing_changes(
+    cluster: PlayedCluster, tmp_path: Path
+) -> None:
+    from .control_plane import free_port
+
+    # Given a workspace pod that cannot reach the API server (a closed port)
+    play = cluster.create_workspace("lab", tmp_path / "home")
+    play.api_port = free_port()
+    server = running(cluster, play)
+    kernel_id, expected = notebook_with_data(server, "a.ipynb")
+
+    # When the notebook is paused
+    assert server.request("POST", "/jupyter-pause/pause/a.ipynb")[0] == 202
+    record = server.wait_state("a.ipynb", "active", "paused")
+
+    # Then it says the API server cannot be reached; the kernel runs on, nothing was written
+    assert record["state"] == "active" and "cannot be reached" in record["error"]["what"], record
+    assert server.run(kernel_id, CHECKSUM_CELL) == expected
+    assert not (store(play) / "environment.json").exists()
+    code, status = server.request("GET", "/jupyter-pause/status")
+    assert code == 200 and "cannot be reached" in status["resources"]["details"]["problem"]
