@@ -68,8 +68,9 @@ class PauseApp(ExtensionApp):
 
     snapshots_keep_last = Int(
         1,
-        help="Pod snapshots kept per workspace by retention and gc (besides the one the next "
-        "resume restores, which is always kept); max_age_hours applies to them too.",
+        help="Pod snapshots kept per workspace by retention and gc, the one the next resume "
+        "restores counted first (it is never deleted); 1 keeps that one only. max_age_hours "
+        "applies to the others too.",
     ).tag(config=True)
 
     platform_stop_seconds = Float(

@@ -600,10 +600,12 @@ def cmd_list(client: Client, args: argparse.Namespace) -> int:
         sessions = client.get("sessions")["sessions"]
         if args.json:
             print_json(sessions)
-        elif sessions:
+            return EXIT_OK
+        if sessions:
             print(table(("PATH", "STATE", "GPUS", "MESSAGE"), [session_row(s) for s in sessions]))
         else:
             print("No notebook sessions.")
+        print_snapshots(client.get("snapshots"))
         return EXIT_OK
     listing = client.get("checkpoints", quote_path(args.path))
     if args.json:
@@ -611,6 +613,25 @@ def cmd_list(client: Client, args: argparse.Namespace) -> int:
         return EXIT_OK
     print_checkpoints(listing)
     return EXIT_OK
+
+
+def print_snapshots(listing: dict[str, Any]) -> None:
+    """The pod snapshots of a workspace (nothing on a backend that takes none)."""
+    snapshots = listing.get("snapshots") or []
+    if snapshots:
+        print("Pod snapshots of this workspace:")
+        rows = [
+            (
+                "  " + s["name"],
+                s["created"],
+                "ready" if s["ready"] else "not ready",
+                "restored by the next resume" if s["pinned"] else "-",
+            )
+            for s in snapshots
+        ]
+        print(table(("  NAME", "CREATED", "STATE", "PINNED"), rows))
+    if listing.get("problem"):
+        print(f"Pod snapshots cannot be listed: {listing['problem']}")
 
 
 def print_checkpoints(listing: dict[str, Any]) -> None:

@@ -979,10 +979,7 @@ class Orchestrator:
     async def snapshots(self) -> dict[str, Any]:
         """The pod snapshots of this environment (none where the backend takes none)."""
         if self.environment is None:
-            return {
-                "snapshots": [],
-                "problem": f"the {self.backend.name} backend takes no pod snapshots",
-            }
+            return {"snapshots": [], "problem": None}
         return await self.environment.snapshots()
 
     def metrics_snapshot(self) -> dict[str, Any]:

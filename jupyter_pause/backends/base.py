@@ -192,5 +192,6 @@ class EnvironmentBackend(Backend):
     async def expire_snapshots(
         self, keep_last: int, max_age_hours: float, pinned: str | None
     ) -> list[str]:
-        """Delete this environment's snapshots beyond the newest ``keep_last`` or older than
-        ``max_age_hours`` (0: no limit), never ``pinned``; returns their names."""
+        """Delete this environment's snapshots beyond ``keep_last`` (``pinned`` counted first,
+        then the newest) or older than ``max_age_hours`` (0: no limit), never ``pinned``;
+        returns their names."""

@@ -435,7 +435,10 @@ class WorkspaceBackend(EnvironmentBackend):
         self, keep_last: int, max_age_hours: float, pinned: str | None = None
     ) -> list[str]:
         snapshots = await self.list_snapshots()
-        keep = {s.name for s in snapshots[-keep_last:]} if keep_last > 0 else set()
+        # The pinned one counts first; the newest others fill what keep_last leaves.
+        others = [s.name for s in snapshots if s.name != pinned]
+        room = max(0, keep_last - (1 if pinned else 0))
+        keep = set(others[len(others) - room :]) if room else set()
         now = time.time()
         deleted = []
         for snapshot in snapshots:

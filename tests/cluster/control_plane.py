@@ -25,6 +25,8 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "kube-apiserver.sh"
+#: API groups of the test CRDs (created through the custom objects API).
+CUSTOM_GROUPS = ("kubeflow.org", "podsnapshot.gke.io")
 #: Audience of the tokens the apiserver issues and accepts (as in a real cluster).
 AUDIENCE = "https://kubernetes.default.svc"
 
@@ -251,5 +253,22 @@ class ControlPlane:
         documents = [d for d in yaml.safe_load_all(text) if d]
         with self.admin.api_client() as api:
             for document in documents:
-                utils.create_from_dict(api, document)
+                group, _, version = document["apiVersion"].rpartition("/")
+                if group in CUSTOM_GROUPS:  # the client's helper knows built-in kinds only
+                    self._create_custom(api, document, group, version)
+                else:
+                    utils.create_from_dict(api, document)
         return documents
+
+    @staticmethod
+    def _create_custom(api: Any, document: dict[str, Any], group: str, version: str) -> None:
+        from kubernetes import client
+
+        custom = client.CustomObjectsApi(api)
+        kind = document["kind"].lower()
+        plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
+        namespace = document["metadata"].get("namespace")
+        if namespace:
+            custom.create_namespaced_custom_object(group, version, namespace, plural, document)
+        else:
+            custom.create_cluster_custom_object(group, version, plural, document)

@@ -15,9 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
+from .control_plane import ControlPlane
 from .notebooks import RemoteServer
-from .players import PlayedCluster, WorkspacePlay, wait_for
+from .players import ROOT, PlayedCluster, WorkspacePlay, wait_for
 
 DATA_CELL = """
 import hashlib, os, numpy as np
@@ -388,3 +390,162 @@ def test_an_unreachable_api_server_fails_the_pause_clearly_and_nothing_changes(
     assert not (store(play) / "environment.json").exists()
     code, status = server.request("GET", "/jupyter-pause/status")
     assert code == 200 and "cannot be reached" in status["resources"]["details"]["problem"]
+
+
+def test_the_shipped_role_reaches_its_own_namespace_only(
+    cluster: PlayedCluster, workspace: WorkspacePlay, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    from jupyter_pause.backends.kube import POLICIES, WORKSPACES, Kube, KubeError
+
+    # Given another team's namespace with a Workspace and a pod snapshot
+    other = PlayedCluster(control_plane, f"{cluster.namespace}-other")
+    try:
+        other.create_namespace()
+        other.create_policy("manual")
+        other.create_workspace("theirs", tmp_path / "their-home")
+        other.custom.create_namespaced_custom_object(
+            "podsnapshot.gke.io", "v1", other.namespace, "podsnapshots",
+            {"apiVersion": "podsnapshot.gke.io/v1", "kind": "PodSnapshot",
+             "metadata": {"name": "their-snapshot"}, "spec": {}},
+        )  # fmt: skip
+        # And the backend's client with the token a workspace pod gets (TokenRequest API)
+        running(cluster, workspace)
+        token = cluster.service_account_token(workspace)
+        kube = Kube(control_plane.credentials(token).api_client(), cluster.namespace)
+        own, theirs = cluster.namespace, other.namespace
+
+        # Then in its own namespace it does what a pause needs
+        assert kube.get_pod(own, workspace.pod_name)["metadata"]["name"] == workspace.pod_name
+        kube.patch_workspace(own, "lab", {"metadata": {"annotations": {"probe": "ok"}}})
+        assert [p["metadata"]["name"] for p in kube.list_policies(own)] == ["jupyter-pause"]
+        assert kube.list_snapshots(own) == []
+
+        # But nothing in the other namespace, and each refusal names the verb and where
+        refused = [
+            (lambda: kube.get_pod(theirs, "ws-theirs-0"), '"get" on "pods"'),
+            (lambda: kube.patch_workspace(theirs, "theirs", {"spec": {"paused": True}}),
+             '"patch" on "workspaces" in API group "kubeflow.org"'),
+            (lambda: kube.list_policies(theirs), '"list" on "podsnapshotpolicies"'),
+            (lambda: kube.create_trigger(theirs, "jp-x", "ws-theirs-0", {}),
+             '"create" on "podsnapshotmanualtriggers"'),
+            (lambda: kube.list_snapshots(theirs), '"list" on "podsnapshots"'),
+            (lambda: kube.delete_snapshot(theirs, "their-snapshot"), '"delete" on "podsnapshots"'),
+            # nor, in its own namespace, a verb the Role does not grant
+            (lambda: kube._custom("delete", WORKSPACES, own, "lab"), '"delete" on "workspaces"'),
+            (lambda: kube.list_pods(own, ""), '"list" on "pods"'),
+            (lambda: kube._custom("delete", POLICIES, own, "jupyter-pause"),
+             '"delete" on "podsnapshotpolicies"'),
+        ]  # fmt: skip
+        for call, named in refused:
+            with pytest.raises(KubeError) as info:
+                call()
+            assert info.value.kind == "forbidden" and named in str(info.value), str(info.value)
+        with pytest.raises(KubeError) as info:
+            kube.list_snapshots(theirs)
+        assert f"in namespace {theirs}" in str(info.value)
+
+        # And the other team's objects are untouched
+        assert other.workspace("theirs")["spec"]["paused"] is False
+        assert other.snapshot_names() == ["their-snapshot"]
+        kube.close()
+    finally:
+        other.close()
+
+
+def test_pod_snapshots_are_listed_counted_and_expired_never_the_pinned_one(
+    cluster: PlayedCluster, workspace: WorkspacePlay, tmp_path: Path
+) -> None:
+    # Given a snapshot agent whose first trigger fails (a spent trigger never fires again)
+    cluster.fail_triggers = 1
+    server = running(cluster, workspace)
+    pod = workspace.current.pod_uid
+    kernel_id, expected = notebook_with_data(server, "a.ipynb")
+
+    # When the workspace is paused and resumed twice
+    taken = []
+    for _ in range(2):
+        pause_workspace(cluster, workspace, "a.ipynb")
+        taken.append(cluster.snapshot_names()[-1])
+        resume_from_outside(cluster, workspace, tmp_path)
+        server = running(cluster, workspace, previous=pod)
+        pod = workspace.current.pod_uid
+        assert server.wait_state("a.ipynb", "ready", "partial", "failed")["how"] == "live"
+
+    # Then the failed trigger was replaced by a new one, and each pause took a snapshot
+    triggers = cluster.custom.list_namespaced_custom_object(
+        "podsnapshot.gke.io", "v1", cluster.namespace, "podsnapshotmanualtriggers"
+    )["items"]
+    outcomes = sorted(t["status"]["conditions"][0]["reason"] for t in triggers)
+    assert outcomes == ["Complete", "Complete", "Error"], outcomes
+    _, timeline = server.request("GET", "/jupyter-pause/timeline/a.ipynb")
+    assert timeline["accounting"]["snapshots"] == 2
+    # And retention kept only the newest, the one the next resume restores
+    code, listing = server.request("GET", "/jupyter-pause/snapshots")
+    assert code == 200 and listing["problem"] is None
+    assert [(s["name"], s["pinned"], s["ready"]) for s in listing["snapshots"]] == [
+        (taken[-1], True, True)
+    ]
+    listed = cli(cluster, tmp_path, "list", "--url", server.url, "--token", server.token)
+    assert "Pod snapshots of this workspace:" in listed.stdout and taken[-1] in listed.stdout
+
+    # When an old snapshot of this workspace and one of another workspace are there
+    for name, trigger in (("stale", "jp-lab-100-aaaa"), ("not-ours", "jp-other-100-bbbb")):
+        cluster.custom.create_namespaced_custom_object(
+            "podsnapshot.gke.io", "v1", cluster.namespace, "podsnapshots",
+            {"apiVersion": "podsnapshot.gke.io/v1", "kind": "PodSnapshot",
+             "metadata": {"name": name, "labels": {"gke-pod-snapshot-triggered-by": trigger}},
+             "spec": {}},
+        )  # fmt: skip
+    code, collected = server.request("POST", "/jupyter-pause/gc")
+
+    # Then gc deletes this workspace's old one only: never the pinned one, never another's
+    assert code == 200 and collected["snapshots"] == {"deleted": ["stale"], "problem": None}
+    assert cluster.snapshot_names() == sorted([taken[-1], "not-ours"])
+    assert server.run(kernel_id, CHECKSUM_CELL) == expected
+
+
+def test_the_shipped_manifests_hold_only_fields_the_documented_crds_know(
+    control_plane: ControlPlane,
+) -> None:
+    from kubernetes import client
+
+    # When the shipped WorkspaceKind, snapshot storage and policy are created
+    control_plane.apply_file(ROOT / "deploy" / "workspacekind.yaml")
+    control_plane.apply_file(ROOT / "deploy" / "podsnapshot-storage.yaml", BUCKET="a-bucket")
+    core = client.CoreV1Api(control_plane.admin.api_client())
+    core.create_namespace(client.V1Namespace(metadata={"name": "manifests"}))
+    control_plane.apply_file(ROOT / "deploy" / "podsnapshot-policy.yaml", NAMESPACE="manifests")
+
+    # Then the API server kept every field (a field the CRD does not know would be pruned)
+    custom = client.CustomObjectsApi(control_plane.admin.api_client())
+    kind = custom.get_cluster_custom_object(
+        "kubeflow.org", "v1beta1", "workspacekinds", "jupyterlab-pause"
+    )
+    shipped = yaml.safe_load((ROOT / "deploy" / "workspacekind.yaml").read_text())
+    assert kind["spec"] == shipped["spec"]
+    probe = kind["spec"]["podTemplate"]["activityProbe"]
+    assert probe["jupyter"] == {"lastActivity": True, "portId": "jupyterlab"}
+    env = {e["name"]: e for e in kind["spec"]["podTemplate"]["extraEnv"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    policy = custom.get_namespaced_custom_object(
+        "podsnapshot.gke.io", "v1", "manifests", "podsnapshotpolicies", "jupyter-pause"
+    )
+    labels = kind["spec"]["podTemplate"]["podMetadata"]["labels"]
+    assert policy["spec"]["selector"]["matchLabels"].items() <= labels.items()  # it selects them
+    assert policy["spec"]["triggerConfig"] == {"type": "manual", "postCheckpoint": "resume"}
+
+
+def test_a_missing_crd_is_named(control_plane: ControlPlane) -> None:
+    from jupyter_pause.backends.kube import Kube, KubeError, Resource
+
+    # Given a cluster without the CRD of a kind (as one without GKE Pod Snapshots)
+    kube = Kube(control_plane.admin.api_client(), "default")
+    missing = Resource("snapshots.example.com", "v1", "podcheckpoints", "PodCheckpoint")
+
+    # When it is listed, Then the error names the CRD to install
+    with pytest.raises(KubeError) as info:
+        kube._custom("list", missing, "default")
+    assert info.value.kind == "missing-crd"
+    assert "the CRD podcheckpoints.snapshots.example.com is not installed" in str(info.value)
+    kube.close()
