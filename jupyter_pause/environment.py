@@ -195,13 +195,15 @@ class Environment:
                     record.message = text
                     record.progress = {"phase": text, "done": 0, "total": 0}
 
+            # Chosen before the snapshot: a copy restored from it knows them too.
+            pause_id, at = secrets.token_hex(8), time.time()
             outcome = await self.backend.snapshot_environment(on_phase)
+            state = self._state(running, reason, origin, facts.instance, outcome, pause_id, at)
             if outcome.resumed_from_snapshot:
                 # The platform restores a snapshot where it was taken: this is the restored copy.
-                self.paused_here = self._state(running, reason, origin, facts, outcome)
+                self.paused_here = state
                 await self._after_restore(await self.backend.environment_facts())
                 return
-            state = self._state(running, reason, origin, facts, outcome)
             await self.write(state)
             self._mark_paused(running, state, outcome)
             await self.o.writer.flush()
@@ -235,22 +237,25 @@ class Environment:
         running: list[SessionRecord],
         reason: str,
         origin: str,
-        facts: EnvironmentFacts,
+        instance: str,
         outcome: SnapshotOutcome,
+        pause_id: str,
+        at: float,
     ) -> dict[str, Any]:
+        """What ``environment.json`` (and the Workspace's annotation) say about a pause."""
         return {
             "state": "paused",
-            "pause_id": secrets.token_hex(8),
+            "pause_id": pause_id,
             "origin": origin,
             "reason": reason,
             "server_token": self.token,
-            "instance": facts.instance,
+            "instance": instance,
             "snapshot": outcome.name,
             "snapshot_problem": outcome.problem,
             "snapshot_seconds": round(outcome.seconds, 3),
             "notebooks": [r.path for r in running],
             "bytes": sum(int((r.checkpoint or {}).get("bytes", 0)) for r in running),
-            "paused_at": time.time(),
+            "paused_at": at,
         }
 
     def _mark_paused(
@@ -461,20 +466,9 @@ class Environment:
             )
         for job in late:
             job.cancel()
-        state = {
-            "state": "paused",
-            "pause_id": secrets.token_hex(8),
-            "origin": "platform",
-            "reason": reason,
-            "server_token": self.token,
-            "instance": "",
-            "snapshot": None,
-            "snapshot_problem": "the platform stopped the pod (SIGTERM)",
-            "notebooks": [r.path for r in running],
-            "bytes": saved,
-            "paused_at": started,
-            "checkpoint_seconds": round(time.time() - started, 3),
-        }
+        none = SnapshotOutcome(None, "the platform stopped the pod (SIGTERM)")
+        state = self._state(running, reason, "platform", "", none, secrets.token_hex(8), started)
+        state.update(bytes=saved, checkpoint_seconds=round(time.time() - started, 3))
         await self.write(state)
         await self.o.writer.flush()
         log.warning(

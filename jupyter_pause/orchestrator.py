@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import metrics, store_view
+from . import holds, metrics, store_view
 from .backends.base import Backend, BackendError, EnvironmentBackend, SessionSpec
 from .environment import Environment
 from .formatting import format_bytes, format_count, format_reasons
@@ -747,14 +747,13 @@ class Orchestrator:
             if restoring and latest is not None:
                 # The kernel may hold part of the state: keep every checkpoint until it is
                 # restored in full, or the user decides to carry on without it.
-                await self._hold(
-                    record, latest["id"], {"(everything)": f"the restore failed: {err}"}
-                )
+                missing = {"(everything)": f"the restore failed: {err}"}
+                await holds.hold(self.store_for(record), record, latest["id"], missing)
             recovery = (self._intact_text(latest).strip() or "No data was changed.") + (
                 " Resume again to restore from files, or run `%checkpoint restore` in a new kernel."
             )
             if record.hold:
-                recovery += " " + self._hold_advice(record)
+                recovery += " " + holds.advice(record)
             record.timeline.add("failed", what=f"resume: {err}", recovery=recovery)
             self._set(
                 record,
@@ -788,20 +787,22 @@ class Orchestrator:
             message = f"Ready: restored from files ({format_count(count, 'variable')})."
             held = (record.hold or {}).get("checkpoints", {})
             if missing:
-                await self._hold(record, result["checkpoint_id"], missing)
+                await holds.hold(self.store_for(record), record, result["checkpoint_id"], missing)
                 message = (
                     f"Restored partially from files ({format_count(count, 'variable')}; "
                     f"{len(missing)} not "
                     f"restored: {format_reasons(missing)})."
                 )
             elif str(result["checkpoint_id"]) in held:
-                await self._release_hold(record, result["checkpoint_id"])  # all came back
+                await holds.release(
+                    self.store_for(record), record, result["checkpoint_id"]
+                )  # all came back
         if note:  # why it is (or is not) live, when the environment came back
             message += f" {note[:1].upper()}{note[1:]}."
         if record.hold:
             if not missing:
-                message += f" Still {self._hold_what(record)}."
-            error = {"what": self._hold_what(record), "recovery": self._hold_advice(record)}
+                message += f" Still {holds.what(record)}."
+            error = {"what": holds.what(record), "recovery": holds.advice(record)}
             self._set(
                 record, "partial", message, how=how, restore=result, progress=None, error=error
             )
@@ -810,50 +811,7 @@ class Orchestrator:
         self._set(record, "ready", message, how=how, restore=result, progress=None, error=None)
         metrics.resume_finished(how, ready.at - started)
 
-    # -- retention hold after an incomplete restore ----------------------------------------------
-    async def _hold(
-        self, record: SessionRecord, checkpoint_id: int, missing: dict[str, str]
-    ) -> None:
-        """Keep every checkpoint of the notebook: ``checkpoint_id`` holds what is ``missing``."""
-        store = self.store_for(record)
-        try:
-            record.hold = await asyncio.to_thread(store.hold_retention, checkpoint_id, missing)
-        except (OSError, store_mod.StoreError) as err:
-            record.warnings.append(
-                f"retention could not be held ({err}): older checkpoints may be deleted"
-            )
-
-    async def _release_hold(self, record: SessionRecord, checkpoint_id: int | None = None) -> None:
-        store = self.store_for(record)
-        await asyncio.to_thread(store.release_retention, checkpoint_id)
-        record.hold = await asyncio.to_thread(store.retention_hold)
-
-    def _hold_what(self, record: SessionRecord) -> str:
-        held = (record.hold or {}).get("checkpoints", {})
-        parts = [
-            f"checkpoint {cid}: {format_reasons(entry.get('failed') or {})}"
-            for cid, entry in sorted(held.items(), key=lambda item: int(item[0]))
-        ]
-        return "not restored, and kept: " + ("; ".join(parts) or "see the retention hold")
-
-    def _hold_advice(self, record: SessionRecord) -> str:
-        held = sorted((record.hold or {}).get("checkpoints", {}).items(), key=lambda i: int(i[0]))
-        steps = []
-        for cid, entry in held:
-            failed = entry.get("failed") or {}
-            names = [n for n in failed if n.isidentifier()]
-            # A session item (an import, the working directory) only comes back with a whole
-            # restore; variables alone can be restored by name, leaving the others as they are.
-            if len(names) < len(failed):
-                names = []
-            steps.append("`" + " ".join(["%checkpoint restore", cid, *names]) + "`")
-        return (
-            "No checkpoint of this notebook is deleted until you decide. Fix the cause, then "
-            f"bring the data back in the notebook with {' and '.join(steps) or '%checkpoint restore'}"
-            f"; once it is back, or to carry on without it, run `jupyter pause accept "
-            f"{record.path}` (or Accept in JupyterLab)."
-        )
-
+    # -- retention hold after an incomplete restore (see holds.py) ------------------------------
     async def accept(self, path: str) -> SessionRecord:
         """The user decides to carry on after an incomplete restore: retention applies again."""
         record = await self.get(path)
@@ -862,8 +820,8 @@ class Orchestrator:
                 raise Conflict(f"{path} has no incomplete restore to accept: nothing is held")
             if path in self._tasks:
                 raise Conflict(f"Cannot accept for {path}: a {record.state} is in progress")
-            what = self._hold_what(record)
-            await self._release_hold(record)
+            what = holds.what(record)
+            await holds.release(self.store_for(record), record)
             record.timeline.add("hold_released", what=what)
             if record.state == "partial":
                 self._set(
