@@ -860,4 +860,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # As the package's module, not __main__: the --workspace commands import this module's
+    # errors and helpers, which must be the ones main() catches.
+    from jupyter_pause.cli import main as package_main
+
+    sys.exit(package_main())
