@@ -80,6 +80,12 @@ class PauseApp(ExtensionApp):
         "under the pod's terminationGracePeriodSeconds (Kubernetes' default: 30).",
     ).tag(config=True)
 
+    gvisor_checkpoint_file = Unicode(
+        "/proc/gvisor/checkpoint",
+        help="Workspace backend, PodSnapshotPolicy of type 'workload': the file gVisor takes "
+        "a checkpoint request from (write 1, read resume, restore or error).",
+    ).tag(config=True)
+
     workspace_poll_seconds = Float(
         1.0, help="How often the workspace backend asks the API server while it waits (s)."
     ).tag(config=True)
@@ -235,6 +241,7 @@ class PauseApp(ExtensionApp):
             snapshots=self.pod_snapshots,
             snapshot_timeout_seconds=self.snapshot_timeout_seconds,
             poll_seconds=self.workspace_poll_seconds,
+            gvisor_checkpoint=self.gvisor_checkpoint_file,
         )
         backend = workspace.WorkspaceBackend(
             serverapp.kernel_manager, serverapp.session_manager, settings

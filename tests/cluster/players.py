@@ -168,6 +168,7 @@ class PlayedCluster:
         self.blockers = 0  # GPUs another team's pods hold (the "GPU is scarce" case)
         self.restore_mode = "live"  # live | mismatch | silent
         self.fail_triggers = 0  # the snapshot agent fails this many triggers first
+        self.gvisor_files: list[Path] = []  # workload triggers: each pod's /proc/gvisor/checkpoint
         self.errors: list[str] = []
         self.started_pods: list[str] = []  # uids, in order
         self._stop = threading.Event()
@@ -239,6 +240,9 @@ class PlayedCluster:
 
     def close(self) -> None:
         self._stop.set()
+        for path in self.gvisor_files:  # wake the gVisor agents waiting for a request
+            with contextlib.suppress(OSError):
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
         if self._thread is not None:
             self._thread.join(timeout=60)
         for play in self.workspaces.values():
@@ -262,7 +266,8 @@ class PlayedCluster:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.reconcile()
+                with self._lock:  # the gVisor agents add snapshots from their own threads
+                    self.reconcile()
             except Exception:  # a player's bug must fail the test, not hang it
                 self.errors.append(traceback.format_exc())
                 return
@@ -465,12 +470,16 @@ class PlayedCluster:
         shutil.copy(self.control_plane.pki / "ca.crt", accounts / "ca.crt")
         (accounts / "namespace").write_text(self.namespace)
         port = free_port()
+        gvisor = workdir / "gvisor-checkpoint"  # what /proc/gvisor/checkpoint is in GKE Sandbox
+        os.mkfifo(gvisor)
+        self.gvisor_files.append(gvisor)
         config = workdir / "jupyter_server_config.py"
         config.write_text(
             f"load_subconfig({str(DEPLOY / 'jupyter_server_config.py')!r})  # as the image does\n"
             "import faulthandler, signal\n"  # SIGUSR2: every thread's stack in the log
             "faulthandler.register(signal.SIGUSR2, all_threads=True)\n"
             f"c.PauseApp.service_account_dir = {str(accounts)!r}\n"
+            f"c.PauseApp.gvisor_checkpoint_file = {str(gvisor)!r}\n"
             "c.PauseApp.workspace_poll_seconds = 0.2\n"
             "c.PauseApp.monitor_interval_seconds = 3600.0\n"
             "c.PauseApp.busy_wait_seconds = 5.0\n"
@@ -503,6 +512,7 @@ class PlayedCluster:
             )
         pod = PodProcess(uid, process, port, play.jupyter_token, workdir, log)
         self._wait_serving(pod)
+        threading.Thread(target=self._gvisor_agent, args=(play, pod, gvisor), daemon=True).start()
         return pod
 
     @staticmethod
@@ -519,6 +529,41 @@ class PlayedCluster:
         wait_for(up, 60, "the pod's jupyter server to answer")
 
     # -- snapshot agent ---------------------------------------------------------------------------
+    def _gvisor_agent(self, play: WorkspacePlay, pod: PodProcess, path: Path) -> None:
+        """gVisor's side of a workload trigger: read ``1``, snapshot the pod, answer ``resume``."""
+        while True:
+            with open(path) as request:  # blocks until the workload writes its request
+                text = request.read().strip()
+            if self._stop.is_set() or pod.process.poll() is not None:
+                return
+            if text != "1":
+                continue
+            with self._lock:
+                name = self._take_snapshot(pod.pod_uid, "workload")
+            with open(path, "w") as answer:  # the workload reads how it went
+                answer.write("resume" if name else "error")
+
+    def _take_snapshot(self, pod_uid: str, trigger: str) -> str:
+        """A ready PodSnapshot of the pod; the pod's processes are what it holds."""
+        snapshot = f"{pod_uid[:8]}-{os.urandom(3).hex()}"
+        self.custom.create_namespaced_custom_object(
+            "podsnapshot.gke.io", "v1", self.namespace, "podsnapshots",
+            {
+                "apiVersion": "podsnapshot.gke.io/v1",
+                "kind": "PodSnapshot",
+                "metadata": {"name": snapshot, "labels": {"gke-pod-snapshot-triggered-by": trigger}},
+                "spec": {"policyName": "jupyter-pause"},
+            },
+        )  # fmt: skip
+        self.custom.patch_namespaced_custom_object_status(
+            "podsnapshot.gke.io", "v1", self.namespace, "podsnapshots", snapshot,
+            {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "Ready",
+                                        "lastTransitionTime": now_rfc3339()}]}},
+            _content_type=MERGE,
+        )  # fmt: skip
+        self.snapshots[snapshot] = Snapshot(snapshot, pod_uid, trigger)
+        return snapshot
+
     def _snapshot_agent(self) -> None:
         triggers = self.custom.list_namespaced_custom_object(
             "podsnapshot.gke.io", "v1", self.namespace, "podsnapshotmanualtriggers"
@@ -539,26 +584,7 @@ class PlayedCluster:
                 self.fail_triggers -= 1
                 self._trigger_status(name, "False", "Error", "checkpoint of the sandbox failed")
                 continue
-            snapshot = f"{pod['metadata']['uid'][:8]}-{os.urandom(3).hex()}"
-            self.custom.create_namespaced_custom_object(
-                "podsnapshot.gke.io", "v1", self.namespace, "podsnapshots",
-                {
-                    "apiVersion": "podsnapshot.gke.io/v1",
-                    "kind": "PodSnapshot",
-                    "metadata": {
-                        "name": snapshot,
-                        "labels": {"gke-pod-snapshot-triggered-by": name},
-                    },
-                    "spec": {"policyName": "jupyter-pause"},
-                },
-            )  # fmt: skip
-            self.custom.patch_namespaced_custom_object_status(
-                "podsnapshot.gke.io", "v1", self.namespace, "podsnapshots", snapshot,
-                {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "Ready",
-                                            "lastTransitionTime": now_rfc3339()}]}},
-                _content_type=MERGE,
-            )  # fmt: skip
-            self.snapshots[snapshot] = Snapshot(snapshot, pod["metadata"]["uid"], name)
+            snapshot = self._take_snapshot(pod["metadata"]["uid"], name)
             self._trigger_status(name, "True", "Complete", "snapshot taken", snapshot)
 
     def _trigger_status(

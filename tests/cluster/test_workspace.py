@@ -102,16 +102,21 @@ def cli(
     )
 
 
-@pytest.fixture
-def workspace(cluster: PlayedCluster, tmp_path: Path) -> WorkspacePlay:
-    cluster.create_policy("manual")
+@pytest.fixture(params=["manual"])
+def workspace(
+    cluster: PlayedCluster, tmp_path: Path, request: pytest.FixtureRequest
+) -> WorkspacePlay:
+    """A Workspace whose pods a PodSnapshotPolicy selects (trigger: manual, or workload)."""
+    cluster.create_policy(request.param)
     return cluster.create_workspace("lab", tmp_path / "home")
 
 
+@pytest.mark.parametrize("workspace", ["manual", "workload"], indirect=True)
 def test_pause_and_resume_live_from_a_pod_snapshot(
     cluster: PlayedCluster, workspace: WorkspacePlay, tmp_path: Path
 ) -> None:
-    # Given a workspace pod whose two notebooks hold data
+    # Given a workspace pod whose two notebooks hold data (its policy: a manual trigger, or
+    # the workload's own request to gVisor)
     server = running(cluster, workspace)
     first_pod = workspace.current.pod_uid
     kernel_a, expected = notebook_with_data(server, "a.ipynb")
