@@ -437,6 +437,8 @@ class Environment:
             with contextlib.suppress(Exception):  # its checkpoints are the ones needed
                 await asyncio.wait_for(asyncio.shield(self.pausing), budget)
             return
+        with contextlib.suppress(Exception):  # kernels nobody asked about yet count too
+            await asyncio.wait_for(self.o.sync_sessions(), max(0.1, deadline - time.monotonic()))
         running = [r for r in self.running() if r.path not in self.o._tasks]
         if not running:
             return

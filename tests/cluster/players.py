@@ -78,6 +78,7 @@ class PodProcess:
     log: Path
     frozen: bool = False
     exit_seconds: float | None = None  # SIGTERM to exit, when it was stopped
+    stopped: threading.Event = field(default_factory=threading.Event)  # the kubelet is done
 
     @property
     def url(self) -> str:
@@ -120,6 +121,7 @@ class PodProcess:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
         self.process.wait()
+        self.stopped.set()
 
 
 @dataclass
@@ -631,7 +633,7 @@ class PlayedCluster:
 
     def user_kubeconfig(self, folder: Path) -> Path:
         """A kubeconfig of the unprivileged user, bound to deploy/rbac-user.yaml here."""
-        path = folder / "user-kubeconfig"
+        path = folder / f"kubeconfig-{self.namespace}"
         if not path.exists():
             self.control_plane.apply_file(
                 DEPLOY / "rbac-user.yaml", NAMESPACE=self.namespace, USER="pause-user"

@@ -312,7 +312,7 @@ def test_platform_pause_sigterm_checkpoints_every_kernel_and_nothing_is_lost(
 
     # When the platform pauses the workspace itself (Kubeflow's idle culler sets spec.paused)
     cluster.set_paused("lab", True)
-    wait_for(lambda: pod.process.poll() is not None, 60, "the pod's server to exit")
+    assert pod.stopped.wait(60), "the kubelet did not stop the pod"
 
     # Then the server checkpointed every kernel and exited by itself within the grace period
     assert pod.exit_seconds is not None and pod.exit_seconds < play.grace_seconds
