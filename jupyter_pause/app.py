@@ -18,7 +18,7 @@ from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Dict, Enum, Float, Int, Unicode, default
 
 from . import metrics
-from .backends.base import Backend
+from .backends.base import Backend, BackendError
 from .backends.kube import SERVICE_ACCOUNT_DIR
 from .backends.local import LocalBackend, detect_gpus
 from .kernel.autoload import AUTOLOAD_ENV
@@ -231,18 +231,23 @@ class PauseApp(ExtensionApp):
         if name == "auto":
             found = workspace.detect(self.service_account_dir, dict(os.environ))
             name = "workspace" if found else "local"
-        if name == "local":
+        settings = None
+        if name == "workspace":
+            try:
+                settings = workspace.workspace_settings(
+                    self.service_account_dir,
+                    snapshots=self.pod_snapshots,
+                    snapshot_timeout_seconds=self.snapshot_timeout_seconds,
+                    poll_seconds=self.workspace_poll_seconds,
+                    gvisor_checkpoint=self.gvisor_checkpoint_file,
+                )
+            except BackendError as err:  # the extension always loads: say why, run locally
+                self.log.error("jupyter_pause: no workspace backend: %s; using 'local'", err)
+        if settings is None:
             local = LocalBackend(
                 serverapp.kernel_manager, serverapp.session_manager, self.gpu_count
             )
             return local, local.pool.total
-        settings = workspace.workspace_settings(
-            self.service_account_dir,
-            snapshots=self.pod_snapshots,
-            snapshot_timeout_seconds=self.snapshot_timeout_seconds,
-            poll_seconds=self.workspace_poll_seconds,
-            gvisor_checkpoint=self.gvisor_checkpoint_file,
-        )
         backend = workspace.WorkspaceBackend(
             serverapp.kernel_manager, serverapp.session_manager, settings
         )

@@ -743,6 +743,11 @@ def cmd_gc(client: Client, args: argparse.Namespace) -> int:
         print(f"Kept every checkpoint of {notebook}: its last restore was incomplete")
     for problem in result.get("problems") or []:
         print(f"Warning: {problem.get('folder')}: {problem.get('problem')}")
+    snapshots = result.get("snapshots") or {}  # a workspace's pod snapshots, when it has any
+    if snapshots.get("deleted"):
+        print(f"Deleted pod snapshots: {', '.join(snapshots['deleted'])}")
+    if snapshots.get("problem"):
+        print(f"Warning: pod snapshots: {snapshots['problem']}")
     if not removed:
         print("Nothing to remove: every checkpoint is within the retention policy.")
         return EXIT_OK
