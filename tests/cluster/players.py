@@ -675,6 +675,15 @@ class PlayedCluster:
                 f"RBAC to refuse {verb} {resource}",
             )
 
+    def quota(self, resource: str, hard: int) -> None:
+        """A ResourceQuota on ``resource``, its status set as the quota controller would."""
+        body = {"metadata": {"name": "limits"}, "spec": {"hard": {resource: str(hard)}}}
+        self.core.create_namespaced_resource_quota(self.namespace, body)
+        status = {"status": {"hard": {resource: str(hard)}, "used": {resource: "0"}}}
+        self.core.patch_namespaced_resource_quota_status(
+            "limits", self.namespace, status, _content_type=MERGE
+        )
+
     def snapshot_names(self) -> list[str]:
         items = self.custom.list_namespaced_custom_object(
             "podsnapshot.gke.io", "v1", self.namespace, "podsnapshots"

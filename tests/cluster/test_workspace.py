@@ -565,3 +565,27 @@ def test_a_missing_crd_is_named(control_plane: ControlPlane) -> None:
     assert info.value.kind == "missing-crd"
     assert "the CRD podcheckpoints.snapshots.example.com is not installed" in str(info.value)
     kube.close()
+
+
+def test_a_quota_on_snapshot_triggers_is_named_and_the_pause_goes_on_with_the_checkpoints(
+    cluster: PlayedCluster, workspace: WorkspacePlay, tmp_path: Path
+) -> None:
+    # Given a namespace whose ResourceQuota allows no snapshot trigger (the quota controller,
+    # played: its status says what is used)
+    cluster.quota("count/podsnapshotmanualtriggers.podsnapshot.gke.io", 0)
+    server = running(cluster, workspace)
+    first_pod = workspace.current.pod_uid
+    _, expected = notebook_with_data(server, "a.ipynb")
+
+    # When the notebook is paused
+    paused = pause_workspace(cluster, workspace, "a.ipynb")
+
+    # Then the pause went on without a snapshot, naming the quota; nothing is lost
+    message = paused["a.ipynb"]["message"]
+    assert "no pod snapshot: a ResourceQuota in namespace" in message, message
+    assert "exceeded quota" in message and cluster.snapshot_names() == []
+    resume_from_outside(cluster, workspace, tmp_path)
+    server = running(cluster, workspace, previous=first_pod)
+    ready = server.wait_state("a.ipynb", "ready", "partial", "failed")
+    assert ready["how"] == "files" and "exceeded quota" in ready["message"]
+    assert server.run(ready["kernel_id"], CHECKSUM_CELL) == expected
