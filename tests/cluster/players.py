@@ -143,6 +143,7 @@ class WorkspacePlay:
     gpus: int = 1
     grace_seconds: float = 30.0  # the pod's terminationGracePeriodSeconds
     api_port: int | None = None  # where its pods find the API server (None: the real one)
+    extra_config: str = ""  # more jupyter_server_config.py lines for its pods
     pods_created: int = 0
     current: PodProcess | None = None
     stopped: list[PodProcess] = field(default_factory=list)
@@ -491,7 +492,7 @@ class PlayedCluster:
             f"c.IdentityProvider.token = {play.jupyter_token!r}\n"
             f"c.ServerApp.root_dir = {str(play.home)!r}\n"
             "c.ServerApp.open_browser = False\n"
-            "c.ServerApp.allow_root = True\n"
+            "c.ServerApp.allow_root = True\n" + play.extra_config
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "KUBERNETES"))}
         env.update(

@@ -589,3 +589,36 @@ def test_a_quota_on_snapshot_triggers_is_named_and_the_pause_goes_on_with_the_ch
     ready = server.wait_state("a.ipynb", "ready", "partial", "failed")
     assert ready["how"] == "files" and "exceeded quota" in ready["message"]
     assert server.run(ready["kernel_id"], CHECKSUM_CELL) == expected
+
+
+def test_the_idle_policy_pauses_the_workspace_once_every_notebook_is_idle(
+    cluster: PlayedCluster, tmp_path: Path
+) -> None:
+    # Given a workspace whose server pauses after 2 s without activity, with two notebooks,
+    # one of them busy in a cell for a while
+    cluster.create_policy("manual")
+    play = cluster.create_workspace("lab", tmp_path / "home")
+    play.extra_config = (
+        "c.PauseApp.idle_pause_minutes = 2 / 60\nc.PauseApp.monitor_interval_seconds = 0.5\n"
+    )
+    server = running(cluster, play)
+    notebook_with_data(server, "a.ipynb")
+    busy = server.open_notebook("b.ipynb")
+    wait_for(lambda: server.session("b.ipynb")["watching"], 30, "the server to watch b.ipynb")
+    server.start_cell(busy, "import time\nfor step in range(40):\n    time.sleep(0.2)")
+    started = time.monotonic()
+
+    # When a.ipynb has long been idle, but b.ipynb still runs its cell
+    time.sleep(4)
+    # Then nothing pauses: the pod (and its GPU) serve b.ipynb
+    assert play.current is not None and not cluster.workspace("lab")["spec"]["paused"]
+
+    # When the cell ends and both stay idle, Then the whole workspace pauses, with a snapshot
+    wait_for(lambda: play.current is None, 60, "the idle workspace to pause")
+    assert time.monotonic() - started >= 8  # not before the cell's 8 s were over
+    records = on_volume(play)
+    assert {records[p]["state"] for p in ("a.ipynb", "b.ipynb")} == {"paused"}
+    requested = [e for e in records["a.ipynb"]["timeline"] if e["kind"] == "pause_requested"]
+    assert requested[-1]["data"]["reason"].startswith("idle for ")
+    assert cluster.state_annotation("lab")["origin"] == "idle"
+    assert len(cluster.snapshot_names()) == 1
