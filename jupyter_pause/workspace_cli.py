@@ -109,6 +109,8 @@ def view(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
             "message": f"Waiting for resources: {scheduled.get('message') or 'unschedulable'}",
             "waited_seconds": waited,
         }
+    if phase == "Running" and not recorded:
+        return {**record, "state": "running", "message": "Running; no pause is recorded."}
     if phase != "Running" or recorded.get("instance") != facts.instance:
         return {**record, "state": "restoring", "message": "The pod is starting its server."}
     state = recorded.get("state") or "restoring"
@@ -188,12 +190,12 @@ def resume(kube: Kube, namespace: str, name: str, args: argparse.Namespace) -> i
     record = view(kube, namespace, name)
     if record["paused"]:
         kube.patch_workspace(namespace, name, {"spec": {"paused": False}})
-    elif record["state"] in DONE:
+    elif record["state"] in (*DONE, "running"):
         if not args.json:
             print(f"{record['workspace']} is running: {record['message']}")
         else:
             print_json(record)
-        return EXIT_OK if record["state"] == "ready" else EXIT_FAILED
+        return EXIT_OK if record["state"] in ("ready", "running") else EXIT_FAILED
     # else: a resume is in flight (someone else's): join it
     follower = Follower()
     deadline = None if args.timeout is None else started + args.timeout

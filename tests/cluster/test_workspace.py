@@ -622,3 +622,20 @@ def test_the_idle_policy_pauses_the_workspace_once_every_notebook_is_idle(
     assert requested[-1]["data"]["reason"].startswith("idle for ")
     assert cluster.state_annotation("lab")["origin"] == "idle"
     assert len(cluster.snapshot_names()) == 1
+
+
+def test_status_of_a_running_workspace_never_paused(
+    cluster: PlayedCluster, workspace: WorkspacePlay, tmp_path: Path
+) -> None:
+    # Given a workspace that runs and was never paused
+    running(cluster, workspace)
+    target = f"{cluster.namespace}/lab"
+
+    # When its status is asked for, and it is resumed
+    status = cli(cluster, tmp_path, "status", "--workspace", target, "--json")
+    resumed = cli(cluster, tmp_path, "resume", "--workspace", target)
+
+    # Then it is running, and the resume has nothing to do
+    assert status.returncode == 0 and json.loads(status.stdout)["state"] == "running"
+    assert resumed.returncode == 0 and "is running" in resumed.stdout
+    assert workspace.pods_created == 1
