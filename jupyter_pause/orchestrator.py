@@ -793,10 +793,8 @@ class Orchestrator:
                     f"{len(missing)} not "
                     f"restored: {format_reasons(missing)})."
                 )
-            elif str(result["checkpoint_id"]) in held:
-                await holds.release(
-                    self.store_for(record), record, result["checkpoint_id"]
-                )  # all came back
+            elif str(result["checkpoint_id"]) in held:  # all came back: that hold ends
+                await holds.release(self.store_for(record), record, result["checkpoint_id"])
         if note:  # why it is (or is not) live, when the environment came back
             message += f" {note[:1].upper()}{note[1:]}."
         if record.hold:
