@@ -600,10 +600,12 @@ def cmd_list(client: Client, args: argparse.Namespace) -> int:
         sessions = client.get("sessions")["sessions"]
         if args.json:
             print_json(sessions)
-        elif sessions:
+            return EXIT_OK
+        if sessions:
             print(table(("PATH", "STATE", "GPUS", "MESSAGE"), [session_row(s) for s in sessions]))
         else:
             print("No notebook sessions.")
+        print_snapshots(client.get("snapshots"))
         return EXIT_OK
     listing = client.get("checkpoints", quote_path(args.path))
     if args.json:
@@ -611,6 +613,25 @@ def cmd_list(client: Client, args: argparse.Namespace) -> int:
         return EXIT_OK
     print_checkpoints(listing)
     return EXIT_OK
+
+
+def print_snapshots(listing: dict[str, Any]) -> None:
+    """The pod snapshots of a workspace (nothing on a backend that takes none)."""
+    snapshots = listing.get("snapshots") or []
+    if snapshots:
+        print("Pod snapshots of this workspace:")
+        rows = [
+            (
+                "  " + s["name"],
+                s["created"],
+                "ready" if s["ready"] else "not ready",
+                "restored by the next resume" if s["pinned"] else "-",
+            )
+            for s in snapshots
+        ]
+        print(table(("  NAME", "CREATED", "STATE", "PINNED"), rows))
+    if listing.get("problem"):
+        print(f"Pod snapshots cannot be listed: {listing['problem']}")
 
 
 def print_checkpoints(listing: dict[str, Any]) -> None:
@@ -722,6 +743,11 @@ def cmd_gc(client: Client, args: argparse.Namespace) -> int:
         print(f"Kept every checkpoint of {notebook}: its last restore was incomplete")
     for problem in result.get("problems") or []:
         print(f"Warning: {problem.get('folder')}: {problem.get('problem')}")
+    snapshots = result.get("snapshots") or {}  # a workspace's pod snapshots, when it has any
+    if snapshots.get("deleted"):
+        print(f"Deleted pod snapshots: {', '.join(snapshots['deleted'])}")
+    if snapshots.get("problem"):
+        print(f"Warning: pod snapshots: {snapshots['problem']}")
     if not removed:
         print("Nothing to remove: every checkpoint is within the retention policy.")
         return EXIT_OK
@@ -773,10 +799,23 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    add("status", cmd_status, "the server, its GPUs and queue, and every session's state")
+    status = add("status", cmd_status, "the server, its GPUs and queue, and every session's state")
     checkpoint = add("checkpoint", cmd_checkpoint, "checkpoint a running notebook now", "required")
     pause = add("pause", cmd_pause, "checkpoint, stop the kernel and release its GPU", "required")
-    resume = add("resume", cmd_resume, "start a kernel and restore the checkpoint", "required")
+    resume = add(
+        "resume",
+        cmd_resume,
+        "start a kernel and restore the checkpoint (or resume a whole paused Workspace)",
+        "optional",
+    )
+    for sub in (status, resume):
+        sub.add_argument(
+            "--workspace",
+            metavar="NAMESPACE/NAME",
+            help="a Kubeflow Workspace, from outside its pod (kubeconfig, or in-cluster)",
+        )
+        sub.add_argument("--kubeconfig", help="with --workspace: this kubeconfig file")
+        sub.add_argument("--context", help="with --workspace: this kubeconfig context")
     for sub in (checkpoint, pause, resume):
         sub.add_argument(
             "--timeout",
@@ -923,6 +962,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
+        if getattr(args, "workspace", None):
+            from . import workspace_cli  # imports the kubernetes client: only when asked
+
+            return workspace_cli.run(args)
+        if args.command == "resume" and args.notebook is None:
+            parser.error("resume needs NOTEBOOK, or --workspace NAMESPACE/NAME")
         if not getattr(args, "finds_server", True):
             return args.handler(args)  # finds (or starts) its server itself
         server = find_server(args)
@@ -939,4 +984,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # As the package's module, not __main__: the --workspace commands import this module's
+    # errors and helpers, which must be the ones main() catches.
+    from jupyter_pause.cli import main as package_main
+
+    sys.exit(package_main())

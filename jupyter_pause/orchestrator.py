@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import metrics, store_view
-from .backends.base import Backend, BackendError, SessionSpec
+from . import holds, metrics, store_view
+from .backends.base import Backend, BackendError, EnvironmentBackend, SessionSpec
+from .environment import Environment
 from .formatting import format_bytes, format_count, format_reasons
 from .kernel import store as store_mod
 from .kernel_bridge import KernelActivity, KernelBridge, KernelCallError
@@ -97,15 +98,34 @@ class Orchestrator:
         self.writer = RecordWriter(self.store_root)
         # Damaged store content that belongs to no known notebook, named (GET /status).
         self.problems: list[str] = []
+        # Notebooks whose kernel ran when the last server process ended (not paused).
+        self.interrupted: list[str] = []
+        # A backend that pauses whole environments (a workspace pod) pauses every notebook.
+        self.environment = (
+            Environment(self, backend) if isinstance(backend, EnvironmentBackend) else None
+        )
         self._load_records()  # paused sessions survive a server restart
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self, monitor_interval: float = 30.0) -> None:
         await self.backend.start()
+        if self.environment is not None:
+            await self.environment.on_start()
         self._monitor = asyncio.create_task(self._monitor_loop(monitor_interval))
+
+    async def platform_stop(self, budget: float) -> None:
+        """The platform is stopping this server (SIGTERM): save every kernel first."""
+        if self.environment is not None:
+            await self.environment.platform_stop(budget)
 
     async def stop(self) -> None:
         tasks = [self._monitor, *self._watchers.values(), *self._tasks.values(), *self._background]
+        if self.environment is not None:
+            tasks += [
+                self.environment.pausing,
+                self.environment.waiting,
+                self.environment.restoring,
+            ]
         for task in tasks:
             if task is not None:
                 task.cancel()
@@ -154,14 +174,19 @@ class Orchestrator:
         record.hold, record.warnings = view.hold, list(view.problems)
         if view.latest and (record.checkpoint or {}).get("id") != view.latest["id"]:
             record.checkpoint = view.latest  # the one a resume restores
+        # A new server process never has the kernels of the last one (a workspace pause
+        # keeps them recorded until its pod goes).
+        record.kernel_id, record.gpus = None, []
         if record.state != "paused" or problem:
             # The server stopped while the kernel ran or mid-way through a pause/resume; its
             # kernels stopped with it. The checkpoint on disk is the truth.
-            record.kernel_id, record.gpus, record.progress = None, [], None
+            record.progress = None
             if view.latest is None:
                 if problem:
                     self._problem(f"{problem}, but it has no checkpoint to restore")
                 return
+            if not problem:
+                self.interrupted.append(record.path)
             message = (
                 "Not running; a checkpoint can be restored."
                 if problem
@@ -533,6 +558,11 @@ class Orchestrator:
     # -- pause -----------------------------------------------------------------------------------
     async def pause(self, path: str, reason: str = "user") -> SessionRecord:
         """Start a pause (returns at once with the record; follow its state)."""
+        if self.environment is not None:  # every notebook of the environment pauses with it
+            origin = (
+                "user" if reason == "user" else "idle" if reason.startswith("idle") else "notebook"
+            )
+            return await self.environment.pause(path, reason, origin)
         record = await self.get(path)
         self._refuse_if_waiting(record, "pause")
         async with self._lock(path):
@@ -613,6 +643,12 @@ class Orchestrator:
     async def resume(self, path: str) -> SessionRecord:
         """Start a resume, or join the one in flight (two tabs, CLI + UI, retries)."""
         record = await self.get(path)
+        if self.environment is not None and self.environment.status()["state"] != "running":
+            raise Conflict(
+                f"Cannot resume {path} here: the whole workspace is "
+                f"{self.environment.status()['state']}; resume the workspace (jupyter pause "
+                "resume --workspace NAMESPACE/NAME)"
+            )
         async with self._lock(path):
             if path in self._tasks and record.state in (
                 "resuming",
@@ -631,7 +667,24 @@ class Orchestrator:
             self._tasks[path] = asyncio.create_task(self._run_resume(record))
         return record
 
-    async def _run_resume(self, record: SessionRecord) -> None:
+    async def resume_for_environment(
+        self, record: SessionRecord, trust_live: bool, note: str
+    ) -> None:
+        """Resume one notebook of an environment that came back (live where proven)."""
+        async with self._lock(record.path):
+            if record.path in self._tasks:
+                raise Conflict(f"Cannot resume {record.path}: a {record.state} is in progress")
+            record.timeline.add("resume_requested", by="workspace")
+            self._set(record, "resuming", "Resuming.", error=None, how=None, restore=None)
+            task = asyncio.create_task(self._run_resume(record, trust_live, note))
+            self._tasks[record.path] = task
+        await task
+
+    async def _run_resume(
+        self, record: SessionRecord, trust_live: bool = True, note: str | None = None
+    ) -> None:
+        """Bring a notebook back; ``trust_live`` False: restore from files whatever the kernel
+        says (its environment was not proven to be the one that paused); ``note`` says why."""
         started = time.time()
         restoring = False  # once the kernel restores, a failure may have left it half-restored
         try:
@@ -662,10 +715,14 @@ class Orchestrator:
             self._set(record, "restoring", "Restoring the session state.")
             hello = await self.bridge.call(outcome.kernel_id, "hello", timeout=300, key=record.key)
             checkpoint = (await self._inspect(record)).latest or {}
-            if hello.get("token") and hello["token"] == checkpoint.get("process_token"):
+            if (
+                trust_live
+                and hello.get("token")
+                and hello["token"] == checkpoint.get("process_token")
+            ):
                 # The very process that wrote the checkpoint is alive again: a live restore.
-                record.timeline.add("state_restored", how="live")
-                await self._finish_resume(record, "live", None, started)
+                record.timeline.add("state_restored", how="live", **({"why": note} if note else {}))
+                await self._finish_resume(record, "live", None, started, note)
                 return
             restoring = True
             answer = await self.bridge.call(
@@ -686,8 +743,9 @@ class Orchestrator:
                 checkpoint_id=result["checkpoint_id"],
                 restored=result.get("restored", []),
                 failed=restore_shortfall(result),
+                **({"why": note} if note else {}),
             )
-            await self._finish_resume(record, "files", result, started)
+            await self._finish_resume(record, "files", result, started, note)
         except Exception as err:  # a backend's bug too: never leave the session "resuming"
             if not isinstance(err, BackendError | KernelCallError):
                 log.exception("jupyter_pause: resuming %s failed", record.path)
@@ -695,14 +753,13 @@ class Orchestrator:
             if restoring and latest is not None:
                 # The kernel may hold part of the state: keep every checkpoint until it is
                 # restored in full, or the user decides to carry on without it.
-                await self._hold(
-                    record, latest["id"], {"(everything)": f"the restore failed: {err}"}
-                )
+                missing = {"(everything)": f"the restore failed: {err}"}
+                await holds.hold(self.store_for(record), record, latest["id"], missing)
             recovery = (self._intact_text(latest).strip() or "No data was changed.") + (
                 " Resume again to restore from files, or run `%checkpoint restore` in a new kernel."
             )
             if record.hold:
-                recovery += " " + self._hold_advice(record)
+                recovery += " " + holds.advice(record)
             record.timeline.add("failed", what=f"resume: {err}", recovery=recovery)
             self._set(
                 record,
@@ -717,7 +774,12 @@ class Orchestrator:
             self._tasks.pop(record.path, None)
 
     async def _finish_resume(
-        self, record: SessionRecord, how: str, result: dict[str, Any] | None, started: float
+        self,
+        record: SessionRecord,
+        how: str,
+        result: dict[str, Any] | None,
+        started: float,
+        note: str | None = None,
     ) -> None:
         ready = record.timeline.add("kernel_ready")
         record.awaiting_first_cell = True
@@ -731,18 +793,20 @@ class Orchestrator:
             message = f"Ready: restored from files ({format_count(count, 'variable')})."
             held = (record.hold or {}).get("checkpoints", {})
             if missing:
-                await self._hold(record, result["checkpoint_id"], missing)
+                await holds.hold(self.store_for(record), record, result["checkpoint_id"], missing)
                 message = (
                     f"Restored partially from files ({format_count(count, 'variable')}; "
                     f"{len(missing)} not "
                     f"restored: {format_reasons(missing)})."
                 )
-            elif str(result["checkpoint_id"]) in held:
-                await self._release_hold(record, result["checkpoint_id"])  # all came back
+            elif str(result["checkpoint_id"]) in held:  # all came back: that hold ends
+                await holds.release(self.store_for(record), record, result["checkpoint_id"])
+        if note:  # why it is (or is not) live, when the environment came back
+            message += f" {note[:1].upper()}{note[1:]}."
         if record.hold:
             if not missing:
-                message += f" Still {self._hold_what(record)}."
-            error = {"what": self._hold_what(record), "recovery": self._hold_advice(record)}
+                message += f" Still {holds.what(record)}."
+            error = {"what": holds.what(record), "recovery": holds.advice(record)}
             self._set(
                 record, "partial", message, how=how, restore=result, progress=None, error=error
             )
@@ -751,50 +815,7 @@ class Orchestrator:
         self._set(record, "ready", message, how=how, restore=result, progress=None, error=None)
         metrics.resume_finished(how, ready.at - started)
 
-    # -- retention hold after an incomplete restore ----------------------------------------------
-    async def _hold(
-        self, record: SessionRecord, checkpoint_id: int, missing: dict[str, str]
-    ) -> None:
-        """Keep every checkpoint of the notebook: ``checkpoint_id`` holds what is ``missing``."""
-        store = self.store_for(record)
-        try:
-            record.hold = await asyncio.to_thread(store.hold_retention, checkpoint_id, missing)
-        except (OSError, store_mod.StoreError) as err:
-            record.warnings.append(
-                f"retention could not be held ({err}): older checkpoints may be deleted"
-            )
-
-    async def _release_hold(self, record: SessionRecord, checkpoint_id: int | None = None) -> None:
-        store = self.store_for(record)
-        await asyncio.to_thread(store.release_retention, checkpoint_id)
-        record.hold = await asyncio.to_thread(store.retention_hold)
-
-    def _hold_what(self, record: SessionRecord) -> str:
-        held = (record.hold or {}).get("checkpoints", {})
-        parts = [
-            f"checkpoint {cid}: {format_reasons(entry.get('failed') or {})}"
-            for cid, entry in sorted(held.items(), key=lambda item: int(item[0]))
-        ]
-        return "not restored, and kept: " + ("; ".join(parts) or "see the retention hold")
-
-    def _hold_advice(self, record: SessionRecord) -> str:
-        held = sorted((record.hold or {}).get("checkpoints", {}).items(), key=lambda i: int(i[0]))
-        steps = []
-        for cid, entry in held:
-            failed = entry.get("failed") or {}
-            names = [n for n in failed if n.isidentifier()]
-            # A session item (an import, the working directory) only comes back with a whole
-            # restore; variables alone can be restored by name, leaving the others as they are.
-            if len(names) < len(failed):
-                names = []
-            steps.append("`" + " ".join(["%checkpoint restore", cid, *names]) + "`")
-        return (
-            "No checkpoint of this notebook is deleted until you decide. Fix the cause, then "
-            f"bring the data back in the notebook with {' and '.join(steps) or '%checkpoint restore'}"
-            f"; once it is back, or to carry on without it, run `jupyter pause accept "
-            f"{record.path}` (or Accept in JupyterLab)."
-        )
-
+    # -- retention hold after an incomplete restore (see holds.py) ------------------------------
     async def accept(self, path: str) -> SessionRecord:
         """The user decides to carry on after an incomplete restore: retention applies again."""
         record = await self.get(path)
@@ -803,8 +824,8 @@ class Orchestrator:
                 raise Conflict(f"{path} has no incomplete restore to accept: nothing is held")
             if path in self._tasks:
                 raise Conflict(f"Cannot accept for {path}: a {record.state} is in progress")
-            what = self._hold_what(record)
-            await self._release_hold(record)
+            what = holds.what(record)
+            await holds.release(self.store_for(record), record)
             record.timeline.add("hold_released", what=what)
             if record.state == "partial":
                 self._set(
@@ -845,10 +866,11 @@ class Orchestrator:
         """Pause every session idle longer than its policy allows; returns their paths."""
         await self.sync_sessions()
         now = time.time() if now is None else now
-        paused = []
+        running, idle = 0, []
         for record in list(self.records.values()):
             if record.state not in RUNNING_STATES or record.kernel_id is None:
                 continue
+            running += 1
             if record.activity.busy or record.path in self._tasks:
                 continue  # a busy kernel is never auto-paused, however long it runs
             idle_for = now - max(record.activity.last_activity, record.started)
@@ -861,9 +883,17 @@ class Orchestrator:
                 idle_for >= rules.idle_minutes * 60
                 and running_for >= rules.min_running_minutes * 60
             ):
-                with contextlib.suppress(PauseError):
-                    await self.pause(record.path, reason=f"idle for {idle_for / 60:.0f} min")
-                    paused.append(record.path)
+                idle.append((record.path, f"idle for {idle_for / 60:.0f} min"))
+        if self.environment is not None:
+            # The environment (and its GPU) pauses only once every notebook in it is idle.
+            if not idle or len(idle) < running:
+                return []
+            idle = idle[:1]
+        paused = []
+        for path, reason in idle:
+            with contextlib.suppress(PauseError):
+                await self.pause(path, reason=reason)
+                paused.append(path)
         return paused
 
     async def _checkpoint_before_cull(self, record: SessionRecord, idle_for: float) -> None:
@@ -904,12 +934,22 @@ class Orchestrator:
         writing a checkpoint) on a worker thread, never on the server's loop.
         """
         if self._collecting is None or self._collecting.done():
-            self._collecting = asyncio.ensure_future(
-                asyncio.to_thread(
-                    store_view.collect_all, self.store_root, self.policy, self._path_of
-                )
-            )
+            self._collecting = asyncio.ensure_future(self._collect())
         return await asyncio.shield(self._collecting)
+
+    async def _collect(self) -> dict[str, Any]:
+        result = await asyncio.to_thread(
+            store_view.collect_all, self.store_root, self.policy, self._path_of
+        )
+        if self.environment is not None:  # the pod snapshots this workspace made, too
+            result["snapshots"] = await self.environment.expire_snapshots()
+        return result
+
+    async def snapshots(self) -> dict[str, Any]:
+        """The pod snapshots of this environment (none where the backend takes none)."""
+        if self.environment is None:
+            return {"snapshots": [], "problem": None}
+        return await self.environment.snapshots()
 
     def metrics_snapshot(self) -> dict[str, Any]:
         """What the Prometheus collector reports at each scrape."""

@@ -269,6 +269,15 @@ class UsageHandler(PauseAPIHandler):
         self.finish(listing)
 
 
+class SnapshotsHandler(PauseAPIHandler):
+    """``GET /jupyter-pause/snapshots``: the pod snapshots this workspace made, if any."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.finish(await self.run(self.orchestrator.snapshots()))
+
+
 class NotFoundHandler(PauseAPIHandler):
     """Any other URL below ``/jupyter-pause/``: a JSON 404 naming what exists."""
 
@@ -298,6 +307,7 @@ def handlers() -> list[tuple[str, type[PauseAPIHandler]]]:
         (f"{base}/timeline/{_PATH}", TimelineHandler),
         (f"{base}/gc", GCHandler),
         (f"{base}/usage", UsageHandler),
+        (f"{base}/snapshots", SnapshotsHandler),
         (f"{base}/openapi.json", OpenAPIHandler),
         (f"{base}(/.*)?", NotFoundHandler),
     ]

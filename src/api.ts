@@ -294,6 +294,10 @@ export interface IAccounting {
   last_resume_to_ready_seconds: number | null;
   last_resume_to_next_cell_seconds: number | null;
   bytes_saved: number;
+  /**
+   * Pod snapshots taken of the whole workspace (workspace backend).
+   */
+  snapshots?: number;
 }
 
 /**

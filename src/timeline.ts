@@ -213,6 +213,9 @@ export class TimelinePanel extends Widget {
       ],
       [trans.__('Bytes saved'), formatBytes(acc.bytes_saved)]
     ];
+    if (acc.snapshots) {
+      facts.push([trans.__('Pod snapshots'), String(acc.snapshots)]);
+    }
     for (const [term, value] of facts) {
       summary.append(element('dt', '', term), element('dd', '', value));
     }

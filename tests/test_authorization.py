@@ -74,6 +74,7 @@ def test_the_routes_cover_every_endpoint() -> None:
         "gc",
         "openapi.json",
         "usage",
+        "snapshots",
     }
 
 
