@@ -45,10 +45,23 @@ const STATUS = {
 /** The manager never touches the session manager in these tests. */
 const NO_SESSIONS = {} as Session.IManager;
 
+/** Managers made by a test, disposed after it. */
+const made: PauseManager[] = [];
+
+function managerOf(settings: ServerConnection.ISettings): PauseManager {
+  const manager = new PauseManager(settings, NO_SESSIONS);
+  made.push(manager);
+  return manager;
+}
+
+afterEach(() => {
+  made.splice(0).forEach(manager => manager.dispose());
+});
+
 describe('PauseManager', () => {
   it('knows the server side answers, and its status', async () => {
     const { settings, urls } = server(() => json(200, STATUS));
-    const manager = new PauseManager(settings, NO_SESSIONS);
+    const manager = managerOf(settings);
     let changes = 0;
     manager.changed.connect(() => changes++);
     expect(manager.server).toBe('unknown');
@@ -69,7 +82,7 @@ describe('PauseManager', () => {
       .spyOn(console, 'warn')
       .mockImplementation(() => undefined);
     const { settings } = server(() => new Response('', { status: 404 }));
-    const manager = new PauseManager(settings, NO_SESSIONS);
+    const manager = managerOf(settings);
     expect(await manager.checkServer()).toBe('missing');
     expect(await manager.checkServer()).toBe('missing');
     expect(manager.status).toBeNull();
@@ -82,15 +95,11 @@ describe('PauseManager', () => {
     const down = server(() =>
       Promise.reject(new TypeError('connection refused'))
     );
-    expect(
-      await new PauseManager(down.settings, NO_SESSIONS).checkServer()
-    ).toBe('unreachable');
+    expect(await managerOf(down.settings).checkServer()).toBe('unreachable');
     const broken = server(
       () => new Response('<html>oops</html>', { status: 500 })
     );
-    expect(
-      await new PauseManager(broken.settings, NO_SESSIONS).checkServer()
-    ).toBe('unreachable');
+    expect(await managerOf(broken.settings).checkServer()).toBe('unreachable');
   });
 
   it('comes back from unreachable when the server answers again', async () => {
@@ -98,7 +107,7 @@ describe('PauseManager', () => {
     const { settings } = server(() =>
       up ? json(200, STATUS) : Promise.reject(new TypeError('refused'))
     );
-    const manager = new PauseManager(settings, NO_SESSIONS);
+    const manager = managerOf(settings);
     expect(await manager.checkServer()).toBe('unreachable');
     up = true;
     expect(await manager.checkServer()).toBe('ok');
@@ -108,7 +117,7 @@ describe('PauseManager', () => {
 
   it('applies new settings and says so', () => {
     const { settings } = server(() => json(200, STATUS));
-    const manager = new PauseManager(settings, NO_SESSIONS);
+    const manager = managerOf(settings);
     let changes = 0;
     manager.changed.connect(() => changes++);
     expect(manager.settings).toEqual(DEFAULT_SETTINGS);
