@@ -84,6 +84,7 @@ async def test_the_servers_own_kernel_requests_are_not_activity(server: Server) 
     kernel_id = await server.open_notebook("quiet.ipynb")
     await server.wait_for("quiet.ipynb", lambda r: r["watching"] and r["process_token"])
     await server.run(kernel_id, "data = list(range(1000))")
+    await server.wait_for("quiet.ipynb", lambda r: not r["busy"])  # the cell's idle has arrived
     await asyncio.sleep(ACTIVITY_SETTLE_SECONDS + 0.3)
     before = await _last_activity(server)
     kernel = server.app.kernel_manager.get_kernel(kernel_id)
