@@ -4,6 +4,10 @@ const jestJupyterLab = require('@jupyterlab/testing/lib/jest-config');
 const esModules = [
   '@codemirror',
   '@jupyter/ydoc',
+  '@jupyter/react-components',
+  '@jupyter/web-components',
+  '@microsoft/fast-[a-z-]+',
+  'exenv-es6',
   '@jupyterlab/',
   'lib0',
   'nanoid',
@@ -24,7 +28,7 @@ module.exports = {
   coverageReporters: ['lcov', 'text'],
   // A floor that only goes up: raise it when tests cover more, never lower it.
   coverageThreshold: {
-    global: { statements: 37, branches: 46, functions: 32, lines: 38 }
+    global: { statements: 73, branches: 76, functions: 76, lines: 74 }
   },
   testRegex: 'src/.*/.*.spec.ts[x]?$',
   transformIgnorePatterns: [`/node_modules/(?!${esModules}).+`]
