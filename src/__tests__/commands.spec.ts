@@ -17,98 +17,22 @@ import { pauseIcon, resumeIcon } from '../icons';
 import { DEFAULT_SETTINGS, NotebookPauseModel, PauseManager } from '../model';
 import { TimelinePanel } from '../timeline';
 
-// JupyterLab's web components ship as untranspiled ES modules that this
-// project's jest config does not transform: stand-ins for what loads with
-// @jupyterlab/apputils (nothing here renders them).
-const BASE = 'http://localhost:8888/';
+import {
+  BASE,
+  ICall,
+  STATUS,
+  json,
+  server,
+  session as sessionAt
+} from './fakes';
+
 const PATH = 'work/my model.ipynb';
 /** `PATH` as the REST URLs carry it. */
 const ENCODED = 'work/my%20model.ipynb';
 
-/** One request the fake server received. */
-interface ICall {
-  method: string;
-  url: string;
-}
-
-/** The server's answer to a request: a response, or a thrown network error. */
-type Answer = (call: ICall) => Response | Promise<Response>;
-
-/**
- * Server settings whose fetch answers from `answer`, recording each request
- * (its URL without the query string).
- */
-function server(answer: Answer): {
-  settings: ServerConnection.ISettings;
-  calls: ICall[];
-} {
-  const calls: ICall[] = [];
-  const settings = ServerConnection.makeSettings({
-    baseUrl: BASE,
-    fetch: async (
-      input: RequestInfo | URL,
-      init?: RequestInit
-    ): Promise<Response> => {
-      const request = input instanceof Request ? input : null;
-      const call = {
-        method: request?.method ?? init?.method ?? 'GET',
-        // without the query that defeats caches of GETs
-        url: (request?.url ?? String(input)).split('?')[0]
-      };
-      calls.push(call);
-      return answer(call);
-    }
-  });
-  return { settings, calls };
-}
-
-function json(status: number, body: unknown): Response {
-  return new Response(JSON.stringify(body), {
-    status,
-    headers: { 'Content-Type': 'application/json' }
-  });
-}
-
-/** A session JSON as the server answers it, with `fields` replaced. */
-function session(fields: Partial<ISession> = {}): ISession {
-  return {
-    path: PATH,
-    state: 'active',
-    message: '',
-    since: new Date(2025, 0, 2, 18, 2, 30).getTime() / 1000,
-    kernel_id: 'k1',
-    kernel_name: 'python3',
-    gpus: [0],
-    gpus_needed: 1,
-    progress: null,
-    how: null,
-    restore: null,
-    error: null,
-    checkpoint: null,
-    hold: null,
-    warnings: [],
-    queue_position: null,
-    busy: false,
-    busy_since: null,
-    execution_count: 3,
-    last_activity: null,
-    watching: true,
-    ...fields
-  };
-}
-
-const STATUS = {
-  version: '0.1.0',
-  backend: 'local',
-  resources: {
-    backend: 'local',
-    gpus_total: 1,
-    gpus_free: 1,
-    queue: [],
-    details: {}
-  },
-  policy: { idle_pause_minutes: 0, keep_last: 3 }
-};
+/** A session of the notebook at `PATH`, with `fields` replaced. */
+const session = (fields: Partial<ISession> = {}): ISession =>
+  sessionAt({ path: PATH, ...fields });
 
 const TIMELINE: ITimeline = {
   path: PATH,

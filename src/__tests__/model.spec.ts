@@ -2,45 +2,7 @@ import { ServerConnection, Session } from '@jupyterlab/services';
 
 import { DEFAULT_SETTINGS, PauseManager } from '../model';
 
-/**
- * Server settings whose fetch answers from `answer(url)`, recording each URL.
- */
-function server(answer: (url: string) => Response | Promise<Response>): {
-  settings: ServerConnection.ISettings;
-  urls: string[];
-} {
-  const urls: string[] = [];
-  const settings = ServerConnection.makeSettings({
-    baseUrl: 'http://localhost:8888/',
-    fetch: async (input: RequestInfo | URL): Promise<Response> => {
-      const url = input instanceof Request ? input.url : String(input);
-      urls.push(url);
-      return answer(url);
-    }
-  });
-  return { settings, urls };
-}
-
-function json(status: number, body: unknown): Response {
-  return new Response(JSON.stringify(body), {
-    status,
-    headers: { 'Content-Type': 'application/json' }
-  });
-}
-
-const STATUS = {
-  version: '0.1.0',
-  backend: 'local',
-  resources: {
-    backend: 'local',
-    gpus_total: 1,
-    gpus_free: 1,
-    queue: [],
-    details: {}
-  },
-  policy: { idle_pause_minutes: 0 },
-  problems: []
-};
+import { STATUS, json, server } from './fakes';
 
 /** The manager never touches the session manager in these tests. */
 const NO_SESSIONS = {} as Session.IManager;
@@ -60,7 +22,7 @@ afterEach(() => {
 
 describe('PauseManager', () => {
   it('knows the server side answers, and its status', async () => {
-    const { settings, urls } = server(() => json(200, STATUS));
+    const { settings, calls } = server(() => json(200, STATUS));
     const manager = managerOf(settings);
     let changes = 0;
     manager.changed.connect(() => changes++);
@@ -68,7 +30,7 @@ describe('PauseManager', () => {
 
     expect(await manager.checkServer()).toBe('ok');
     expect(manager.status?.resources?.gpus_total).toBe(1);
-    expect(urls[0]).toMatch(/\/jupyter-pause\/status/);
+    expect(calls[0].url).toMatch(/\/jupyter-pause\/status/);
     expect(changes).toBe(1);
     // no change, no signal
     await manager.checkServer();
