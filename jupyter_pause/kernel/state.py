@@ -601,6 +601,26 @@ def buffers_in_load_order(manifest: dict[str, Any], names: list[str]) -> list[st
     return list(order)
 
 
+def streamed_buffers(manifest: dict[str, Any], at_least: int) -> set[str]:
+    """Buffers of ``at_least`` bytes whose storages go to a CUDA device this process has:
+    they are streamed there (``device_reads``) rather than read into host memory."""
+    devices = {
+        record["device"]
+        for record in manifest["storages"].values()
+        if record.get("device", "cpu").startswith("cuda") and "buffer" in record
+    }
+    if not devices:
+        return set()
+    from .arrays import device_available
+
+    present = {device for device in devices if device_available(device)}
+    return {
+        record["buffer"]
+        for record in manifest["storages"].values()
+        if record.get("device") in present and "buffer" in record and record["nbytes"] >= at_least
+    }
+
+
 class StateLoader:
     """Loads variables from a manifest on demand, each shared object exactly once."""
 
@@ -610,9 +630,13 @@ class StateLoader:
         read_buffer: Callable[[str], memoryview],
         keys: ObjectKeys,
         namespace: dict[str, Any],
+        read_to_device: Callable[[str, str], Any] | None = None,
     ) -> None:
         self.manifest = manifest
         self._read_buffer = read_buffer  # digest -> bytes
+        # (digest, device) -> a torch storage on that device, or None where it is not streamed
+        self._read_to_device = read_to_device
+        self._on_device: dict[tuple[str, str], Any] = {}
         self._keys = keys
         self.namespace = namespace  # what restored notebook functions see as their globals
         self._objects: dict[str, Any] = {}
@@ -624,7 +648,22 @@ class StateLoader:
                 self._group_of[name] = frame
         self._storage_owner: dict[str, str] = {}  # buffer digest -> storage key mapped on it
         self._storage_views: dict[str, memoryview] = {}  # storage key -> its restored memory
-        self.rebuilder = Rebuilder(self._storage_bytes)
+        self.rebuilder = Rebuilder(self._storage_bytes, self._device_storage)
+
+    def _device_storage(self, key: str, device: str) -> Any:
+        """A storage streamed onto ``device``, or None (then it is built in host memory and
+        copied there). Two storages with equal content get one read and a device copy."""
+        record = self.manifest["storages"][key]
+        if self._read_to_device is None or "within" in record:
+            return None
+        digest = record["buffer"]
+        first = self._on_device.get((digest, device))
+        if first is not None:
+            return first.clone()
+        storage = self._read_to_device(digest, device)
+        if storage is not None:
+            self._on_device[(digest, device)] = storage
+        return storage
 
     def _storage_bytes(self, key: str) -> memoryview:
         """The bytes of one storage. Two storages with equal content share one buffer on disk
