@@ -27,7 +27,7 @@ from traitlets.config import Configurable
 from ..formatting import format_bytes, format_count, format_reasons
 from ..policy import KERNEL_POLICY_ENV
 from . import store as store_mod
-from .arrays import Storage, content_hash
+from .arrays import Storage, content_hash, content_hasher
 from .capture import rng_states, select_variables, set_rng_states
 from .loading import BufferSource, buffer_source
 from .reading import OWN_MEMORY_AT_LEAST
@@ -646,9 +646,11 @@ class Checkpointer(Configurable):
         def read_buffer(digest: str) -> memoryview:
             nonlocal bytes_read
             location = location_of(digest)
-            data = source.get(digest)
+            # Hashed piece by piece while the rest of the buffer is still being read.
+            check = content_hasher() if self.verify and digest not in verified else None
+            data = source.get(digest, None if check is None else check.update)
             if digest not in verified:
-                if self.verify and content_hash(data) != digest:
+                if check is not None and check.hexdigest() != digest:
                     raise store_mod.StoreError(
                         f"data in {location['file']} does not match its hash: the file is damaged"
                     )

@@ -24,6 +24,11 @@ def content_hash(data: memoryview) -> str:
     return xxhash.xxh3_128_hexdigest(data)
 
 
+def content_hasher() -> Any:
+    """``content_hash`` fed piece by piece (``update``), then read with ``hexdigest()``."""
+    return xxhash.xxh3_128()
+
+
 def _host_view(ptr: int, nbytes: int) -> memoryview:
     """A zero-copy byte view of host memory we keep alive through the owning object."""
     if nbytes == 0:

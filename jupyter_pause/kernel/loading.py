@@ -12,7 +12,7 @@ streamed there through pinned buffers (``device_reads``) instead of landing in h
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import store as store_mod
@@ -65,17 +65,23 @@ class BufferSource:
         if prefetch is not None:
             self._prefetches.append(prefetch)
 
-    def get(self, digest: str) -> memoryview:
+    def get(
+        self, digest: str, each_piece: Callable[[memoryview], object] | None = None
+    ) -> memoryview:
         """One buffer's bytes (fetched now if ``fetch`` did not ask for it); StoreError if the
-        file is missing, shorter than recorded or unreadable."""
+        file is missing, shorter than recorded or unreadable. ``each_piece`` sees the bytes
+        in order, piece by piece as they are read (see ``FileReads.get``)."""
         location = self._buffers[digest]
         if self._is_mapped(location["file"]):
             for prefetch in self._prefetches:
                 prefetch.wait(digest)
-            return self._store.open_buffer(location)
+            data = self._store.open_buffer(location)
+            if each_piece is not None:
+                each_piece(data)
+            return data
         self.fetch([digest])
         try:
-            return self._reads.get(digest)
+            return self._reads.get(digest, each_piece)
         except ReadError as err:
             raise store_mod.StoreError(str(err)) from None
 

@@ -80,15 +80,15 @@ def read_into(fd: int, direct: bool, target: memoryview, offset: int) -> int:
 
 @dataclass
 class Span:
-    """One block-aligned range of one file, read into one region of fresh memory."""
+    """One block-aligned range of one file, read into one region of fresh memory, ``CHUNK``
+    bytes per request."""
 
     file: str
     start: int  # file offset, aligned
     end: int  # file offset up to which bytes must exist (the last buffer's end)
     memory: mmap.mmap | None = None
-    done: threading.Event = field(default_factory=threading.Event)
+    read: list[threading.Event] = field(default_factory=list)  # per chunk: done (or failed)
     error: str | None = None
-    _pending: int = 0
 
     @property
     def length(self) -> int:
@@ -172,24 +172,24 @@ class FileReads:
         return groups
 
     def _start(self, span: Span) -> None:
+        starts = range(0, span.length, CHUNK)
+        span.read = [threading.Event() for _ in starts]
         try:
             fd, direct = self.file(span.file)
         except ReadError as err:
-            span.error = str(err)
-            span.done.set()
+            self._fail(span, str(err))
             return
         span.memory = fresh_memory(span.length)
         view = memoryview(span.memory)
-        pieces = range(0, span.length, CHUNK)
-        span._pending = len(pieces)
-        for start in pieces:
+        for index, start in enumerate(starts):
             target = view[start : min(start + CHUNK, span.length)]
-            self._pool.submit(self._read, span, fd, direct, target, start)
+            self._pool.submit(self._read, span, index, fd, direct, target)
 
-    def _read(self, span: Span, fd: int, direct: bool, target: memoryview, start: int) -> None:
+    def _read(self, span: Span, index: int, fd: int, direct: bool, target: memoryview) -> None:
+        position = span.start + index * CHUNK
         try:
-            got = read_into(fd, direct, target, span.start + start)
-            if span.start + start + got < min(span.end, span.start + start + target.nbytes):
+            got = read_into(fd, direct, target, position)
+            if position + got < min(span.end, position + target.nbytes):
                 raise ReadError(
                     f"Data file {span.file} is shorter than recorded: the checkpoint is damaged."
                 )
@@ -199,20 +199,38 @@ class FileReads:
                 span.error = span.error or why
         finally:
             target.release()
-            with self._lock:
-                span._pending -= 1
-                if span._pending == 0:
-                    span.done.set()
+            span.read[index].set()
 
-    def get(self, key: str) -> memoryview:
-        """The buffer's bytes once read (``schedule`` it first); ReadError if they cannot be."""
+    def _fail(self, span: Span, why: str) -> None:
+        span.error = span.error or why
+        for done in span.read:
+            done.set()
+
+    def get(self, key: str, each_piece: Callable[[memoryview], object] | None = None) -> memoryview:
+        """The buffer's bytes once read (``schedule`` it first); ReadError if they cannot be.
+
+        ``each_piece`` sees the bytes in order as each request lands, while the rest is still
+        being read (the restore hashes them so): hashing a 200 MB buffer in one go would hold
+        the GIL for 50 ms, and the reader threads could queue no request meanwhile.
+        """
         placed = self._placed[key]
-        placed.span.done.wait()
-        if placed.span.error is not None:
-            raise ReadError(placed.span.error)
-        assert placed.span.memory is not None
-        view = memoryview(placed.span.memory)[placed.offset : placed.offset + placed.nbytes]
-        return memoryview(bytearray(view)) if placed.shared else view
+        span = placed.span
+        low, high = placed.offset, placed.offset + placed.nbytes
+        streamed = each_piece is not None and not placed.shared
+        for index in range(low // CHUNK, -(-high // CHUNK)):
+            span.read[index].wait()
+            if streamed and span.error is None:
+                piece = slice(max(low, index * CHUNK), min(high, (index + 1) * CHUNK))
+                each_piece(memoryview(span.memory)[piece])  # type: ignore[arg-type,misc]
+        if span.error is not None:
+            raise ReadError(span.error)
+        view = memoryview(span.memory)[low:high]  # type: ignore[arg-type]
+        if not placed.shared:
+            return view
+        own = memoryview(bytearray(view))
+        if each_piece is not None:
+            each_piece(own)
+        return own
 
     def submit(self, work: Callable[[], int]) -> Future[int]:
         """Run ``work`` on a reader thread (the CUDA path queues its own reads here)."""
@@ -222,10 +240,8 @@ class FileReads:
         """Drop reads not started, wait for the others, close the files."""
         self._pool.shutdown(wait=True, cancel_futures=True)
         for placed in self._placed.values():
-            span = placed.span
-            if span._pending:  # a cancelled read: whoever asks learns so
-                span.error = span.error or "the restore stopped before this was read"
-            span.done.set()
+            if not all(done.is_set() for done in placed.span.read):  # a cancelled read
+                self._fail(placed.span, "the restore stopped before this was read")
         for found in self._files.values():
             if not isinstance(found, str):
                 os.close(found[0])

@@ -242,6 +242,26 @@ def _identity_matters(value: Any) -> bool:
     )
 
 
+class _FrameBuffer(io.BytesIO):
+    """A frame being pickled or unpickled. The C pickler hands it every 64 KiB frame through
+    ``write`` (the unpickler asks for each through ``read``); done in Python, each call gives
+    the interpreter a point to pass the GIL to the threads moving tensor data. The C code
+    alone never lets go of it: pickling 100k small dicts kept the writer thread from issuing
+    its next write for 50 ms, and unpickling them idled the reads of a restore as long."""
+
+    def write(self, data: Any) -> int:
+        return super().write(data)
+
+    def read(self, size: int | None = -1) -> bytes:
+        return super().read(size)
+
+    def readinto(self, buffer: Any) -> int:
+        return super().readinto(buffer)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        return super().readline(size)
+
+
 def pickle_frame(
     names: list[str],
     values: list[Any],
@@ -257,7 +277,7 @@ def pickle_frame(
     are plain containers (they need the slower ``persistent_id`` path to be caught);
     ``namespace``: the notebook's globals, which its functions are bound to again on restore.
     """
-    buffer = io.BytesIO()
+    buffer = _FrameBuffer()
     root: Any = values[0] if len(values) == 1 else tuple(values)
     own = {id(v) for v in values}
     pickler_class = _ContainerAwarePickler if containers - own else _FramePickler
@@ -724,7 +744,7 @@ class StateLoader:
             raise RestoreError("not in this checkpoint")
         try:
             data = bytes(self._read_buffer(frame["frame"]))
-            loaded = _FrameUnpickler(io.BytesIO(data), self).load()
+            loaded = _FrameUnpickler(_FrameBuffer(data), self).load()
         except RestoreError as err:
             message = f"needs a variable that could not be restored ({err})"
             self._fail(frame, message)
@@ -742,7 +762,7 @@ class StateLoader:
         """Load something saved beside the variables (``Snapshotter.pickle_extra``)."""
         try:
             data = bytes(self._read_buffer(digest))
-            return _FrameUnpickler(io.BytesIO(data), self).load()
+            return _FrameUnpickler(_FrameBuffer(data), self).load()
         except RestoreError as err:
             raise RestoreError(f"needs a variable that could not be restored ({err})") from None
         except Exception as err:
