@@ -42,7 +42,9 @@ class ReadError(Exception):
 
 def fresh_memory(nbytes: int) -> mmap.mmap:
     """Page-aligned, zero-filled, writable memory of our own (huge pages where allowed)."""
-    memory = mmap.mmap(-1, max(nbytes, 1))
+    # Private: Python's default for anonymous maps is MAP_SHARED (shmem), which a forked
+    # child (a DataLoader worker) would share with the kernel, writes included.
+    memory = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if nbytes >= 2 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):
         with contextlib.suppress(OSError):  # 512x fewer page faults as the reads fill it
             memory.madvise(mmap.MADV_HUGEPAGE)
