@@ -81,5 +81,5 @@ lint: $(SETUP_STAMP)
 	$(JLPM) lint
 
 bench: $(SETUP_STAMP)
-	$(PY) -c "import dill, kishu" 2>/dev/null || $(PIP) install -e ".[bench]"
+	$(PY) -c "import dill, kishu, safetensors, matplotlib" 2>/dev/null || $(PIP) install -e ".[bench]"
 	$(PY) bench/bench_checkpoint.py
