@@ -32,7 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 ALIGN = 4096  # a multiple of every block size in use (512, 4096) and of the page size
-_STAGE_BYTES = 4 << 20
+_STAGE_BYTES = 1 << 20  # small buffers per write request; 4 MiB held 3 MB more per save
 _DIRECT_AT_LEAST = 1 << 20  # smaller buffers are cheaper to copy than to write on their own
 _WRITE_AT_MOST = 1 << 30  # one pwrite call; Linux caps a call at 2 GiB - 4 KiB
 _ZEROS = bytes(ALIGN)
