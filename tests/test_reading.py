@@ -75,6 +75,37 @@ def test_buffers_come_back_exactly_in_memory_of_their_own(tmp_path: Path) -> Non
     assert views["b0"].obj is not views["b2"].obj
 
 
+def test_a_buffer_asked_for_again_is_read_again(tmp_path: Path) -> None:
+    """The reader keeps no memory it handed out: a frame's is freed once it is unpickled."""
+    ((offset, nbytes),) = write_file(tmp_path / "data", [pattern(3 * MB, 5)])
+    reads = FileReads(opener(tmp_path))
+    reads.schedule([("big", "data", offset, nbytes)])
+    first = reads.get("big")
+    with pytest.raises(KeyError):
+        reads.get("big")  # not kept: schedule it again to read it again
+    reads.schedule([("big", "data", offset, nbytes)])
+    second = reads.get("big")
+    reads.close()
+    assert first.tobytes() == second.tobytes() == pattern(3 * MB, 5)
+    assert first.obj is not second.obj
+
+
+def test_storages_with_equal_content_come_back_apart(tmp_path: Path) -> None:
+    """One buffer on disk (content addressing), two memories after a cold restore."""
+    ns = {"zeros": np.zeros(500_000), "more_zeros": np.zeros(500_000), "plain": 1}
+    cp = make(tmp_path, ns)
+    cp.checkpoint()
+    manifest = cp.store.read_manifest(cp.store.latest_id())
+    assert len({s["buffer"] for s in manifest["storages"].values()}) == 1
+    for path in data_files(cp):
+        evict(path)
+    fresh: dict = {}
+    assert make(tmp_path, fresh).restore().failed == {}
+    fresh["zeros"][0] = 7.0
+    assert fresh["more_zeros"][0] == 0.0 and fresh["zeros"].sum() == 7.0
+    assert not np.shares_memory(fresh["zeros"], fresh["more_zeros"])
+
+
 def test_pieces_arrive_in_order_and_hash_like_the_whole(tmp_path: Path) -> None:
     data = pattern(2 * CHUNK + 12345, 7)
     ((offset, nbytes),) = write_file(tmp_path / "data", [data])

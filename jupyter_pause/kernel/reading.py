@@ -207,7 +207,8 @@ class FileReads:
             done.set()
 
     def get(self, key: str, each_piece: Callable[[memoryview], object] | None = None) -> memoryview:
-        """The buffer's bytes once read (``schedule`` it first); ReadError if they cannot be.
+        """The buffer's bytes once read (``schedule`` it first, and again to ``get`` it again);
+        ReadError if they cannot be.
 
         ``each_piece`` sees the bytes in order as each request lands, while the rest is still
         being read (the restore hashes them so): hashing a 200 MB buffer in one go would hold
@@ -226,6 +227,9 @@ class FileReads:
             raise ReadError(span.error)
         view = memoryview(span.memory)[low:high]  # type: ignore[arg-type]
         if not placed.shared:
+            # The caller's view keeps the memory alive as long as it needs it (a frame: until
+            # it is unpickled); asked again, the buffer is read again.
+            del self._placed[key]
             return view
         own = memoryview(bytearray(view))
         if each_piece is not None:

@@ -243,23 +243,52 @@ def _identity_matters(value: Any) -> bool:
 
 
 class _FrameBuffer(io.BytesIO):
-    """A frame being pickled or unpickled. The C pickler hands it every 64 KiB frame through
-    ``write`` (the unpickler asks for each through ``read``); done in Python, each call gives
-    the interpreter a point to pass the GIL to the threads moving tensor data. The C code
-    alone never lets go of it: pickling 100k small dicts kept the writer thread from issuing
-    its next write for 50 ms, and unpickling them idled the reads of a restore as long."""
+    """A frame being pickled. The C pickler hands it every 64 KiB frame through ``write``;
+    done in Python, each call gives the interpreter a point to pass the GIL to the thread
+    writing tensor data. The C pickler alone never lets go of it: pickling 100k small dicts
+    kept that thread from issuing its next write for 50 ms."""
 
     def write(self, data: Any) -> int:
         return super().write(data)
 
+
+class _FrameReader:
+    """A frame being unpickled, read where it lies (no copy of the whole). The C unpickler
+    asks for every 64 KiB frame through ``read``: a Python call, where the GIL can pass to
+    the threads reading tensor data (see ``_FrameBuffer``)."""
+
+    def __init__(self, data: memoryview) -> None:
+        self._data = data
+        self._position = 0
+
     def read(self, size: int | None = -1) -> bytes:
-        return super().read(size)
+        end = len(self._data)
+        if size is not None and size >= 0:
+            end = min(end, self._position + size)
+        chunk = self._data[self._position : end].tobytes()
+        self._position = end
+        return chunk
 
     def readinto(self, buffer: Any) -> int:
-        return super().readinto(buffer)
+        target = memoryview(buffer).cast("B")
+        count = min(target.nbytes, len(self._data) - self._position)
+        target[:count] = self._data[self._position : self._position + count]
+        self._position += count
+        return count
 
     def readline(self, size: int | None = -1) -> bytes:
-        return super().readline(size)
+        """Up to and with the next newline (text opcodes: a few bytes)."""
+        limit = len(self._data)
+        if size is not None and size >= 0:
+            limit = min(limit, self._position + size)
+        end = self._position
+        while end < limit:
+            window = self._data[end : min(end + 256, limit)].tobytes()
+            found = window.find(b"\n")
+            end += len(window) if found < 0 else found + 1
+            if found >= 0:
+                break
+        return self.read(end - self._position)
 
 
 def pickle_frame(
@@ -699,9 +728,11 @@ class StateLoader:
             view = outer[within["offset"] : within["offset"] + record["nbytes"]]
         else:
             digest = record["buffer"]
-            data = self._read_buffer(digest)
             owner = self._storage_owner.setdefault(digest, key)
-            view = data if owner == key else memoryview(bytearray(data))
+            if owner == key:
+                view = self._read_buffer(digest)
+            else:  # a copy of the first one's memory, read and checked already
+                view = memoryview(bytearray(self._storage_views[owner]))
         self._storage_views[key] = view
         return view
 
@@ -743,8 +774,7 @@ class StateLoader:
         if frame is None:
             raise RestoreError("not in this checkpoint")
         try:
-            data = bytes(self._read_buffer(frame["frame"]))
-            loaded = _FrameUnpickler(_FrameBuffer(data), self).load()
+            loaded = _FrameUnpickler(_FrameReader(self._read_buffer(frame["frame"])), self).load()
         except RestoreError as err:
             message = f"needs a variable that could not be restored ({err})"
             self._fail(frame, message)
@@ -761,8 +791,7 @@ class StateLoader:
     def extra(self, digest: str) -> Any:
         """Load something saved beside the variables (``Snapshotter.pickle_extra``)."""
         try:
-            data = bytes(self._read_buffer(digest))
-            return _FrameUnpickler(_FrameBuffer(data), self).load()
+            return _FrameUnpickler(_FrameReader(self._read_buffer(digest)), self).load()
         except RestoreError as err:
             raise RestoreError(f"needs a variable that could not be restored ({err})") from None
         except Exception as err:
