@@ -10,6 +10,7 @@ Configure in ``jupyter_server_config.py``, e.g.::
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,9 @@ from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Dict, Enum, Float, Int, Unicode, default
 
 from . import metrics
-from .backends.local import LocalBackend
+from .backends.base import Backend, BackendError
+from .backends.kube import SERVICE_ACCOUNT_DIR
+from .backends.local import LocalBackend, detect_gpus
 from .kernel.autoload import AUTOLOAD_ENV
 from .kernel.store import default_store_root
 from .kernel_bridge import KernelBridge
@@ -25,7 +28,7 @@ from .orchestrator import Orchestrator
 from .policy import Policy
 from .routes import handlers
 
-BACKENDS = ("local",)
+BACKENDS = ("auto", "local", "workspace")
 
 
 class PauseApp(ExtensionApp):
@@ -37,9 +40,54 @@ class PauseApp(ExtensionApp):
 
     backend = Enum(
         list(BACKENDS),
-        "local",
-        help="Where paused sessions go: 'local' stops the kernel process on this machine. "
-        "(Cluster backends - GKE Pod Snapshots, Kubeflow Workspaces - plug in here.)",
+        "auto",
+        help="Where paused sessions go. 'local': stop the kernel process on this machine. "
+        "'workspace': this server runs in a Kubeflow Workspace pod (GKE Workspaces too); a "
+        "pause checkpoints every kernel, snapshots the pod where a GKE PodSnapshotPolicy "
+        "selects it, and pauses the Workspace. 'auto': 'workspace' in a pod with a service "
+        "account token and POD_NAME/POD_NAMESPACE from the downward API, else 'local'.",
+    ).tag(config=True)
+
+    service_account_dir = Unicode(
+        SERVICE_ACCOUNT_DIR,
+        help="Folder of the pod's service-account token, ca.crt and namespace (the workspace "
+        "backend; the API server comes from KUBERNETES_SERVICE_HOST/_PORT).",
+    ).tag(config=True)
+
+    pod_snapshots = Bool(
+        True,
+        help="Workspace backend: snapshot the pod at a pause where a PodSnapshotPolicy selects "
+        "it (live restores). False: pause with the application checkpoints only.",
+    ).tag(config=True)
+
+    snapshot_timeout_seconds = Float(
+        900.0,
+        help="How long a pause waits for a pod snapshot (seconds; 8 GiB took ~2 min on a T4). "
+        "Past it, the pause goes on with the application checkpoints only.",
+    ).tag(config=True)
+
+    snapshots_keep_last = Int(
+        1,
+        help="Pod snapshots kept per workspace by retention and gc, the one the next resume "
+        "restores counted first (it is never deleted); 1 keeps that one only. max_age_hours "
+        "applies to the others too.",
+    ).tag(config=True)
+
+    platform_stop_seconds = Float(
+        25.0,
+        help="On SIGTERM (the platform's idle pause, a node drain) the workspace backend "
+        "checkpoints every kernel within this many seconds before the server exits. Keep it "
+        "under the pod's terminationGracePeriodSeconds (Kubernetes' default: 30).",
+    ).tag(config=True)
+
+    gvisor_checkpoint_file = Unicode(
+        "/proc/gvisor/checkpoint",
+        help="Workspace backend, PodSnapshotPolicy of type 'workload': the file gVisor takes "
+        "a checkpoint request from (write 1, read resume, restore or error).",
+    ).tag(config=True)
+
+    workspace_poll_seconds = Float(
+        1.0, help="How often the workspace backend asks the API server while it waits (s)."
     ).tag(config=True)
 
     store_root = Unicode(
@@ -122,6 +170,18 @@ class PauseApp(ExtensionApp):
         "when the server first talks to them, or by %load_ext jupyter_pause.",
     ).tag(config=True)
 
+    gpu_hour_price = Float(
+        0.0,
+        help="What one GPU-hour costs, in the currency the admin reports in (e.g. 2.5): "
+        "`jupyter pause report` shows what pausing saved and what idle GPUs cost. 0: not shown.",
+    ).tag(config=True)
+
+    storage_gb_month_price = Float(
+        0.0,
+        help="What keeping one GB (10^9 bytes) of checkpoints for a month costs, in the same "
+        "currency (e.g. 0.02): `jupyter pause report` shows what the store costs. 0: not shown.",
+    ).tag(config=True)
+
     monitor_interval_seconds = Float(
         30.0, help="How often idle sessions are looked for (seconds)."
     ).tag(config=True)
@@ -145,14 +205,15 @@ class PauseApp(ExtensionApp):
             max_bytes=self.max_bytes,
             save_unmarked=self.save_unmarked,
             direct_io=self.direct_io,
+            snapshots_keep_last=self.snapshots_keep_last,
             kernelspec_overrides=dict(self.kernelspec_overrides),
         )
 
     def initialize_settings(self) -> None:
         serverapp = self.serverapp
         assert serverapp is not None
-        backend = LocalBackend(serverapp.kernel_manager, serverapp.session_manager, self.gpu_count)
-        policy = self.policy(backend.pool.total)
+        backend, gpus = self._backend(serverapp)
+        policy = self.policy(gpus)
         # Kernels inherit the server's environment: every kernel, whoever starts it, writes
         # to the admin's store with the admin's retention.
         os.environ["JUPYTER_PAUSE_STORE"] = self.store_root
@@ -169,8 +230,64 @@ class PauseApp(ExtensionApp):
             cull_idle_seconds=float(getattr(serverapp.kernel_manager, "cull_idle_timeout", 0) or 0),
         )
         self.settings["jupyter_pause_orchestrator"] = self.orchestrator
+        self.settings["jupyter_pause_prices"] = {
+            "gpu_hour": self.gpu_hour_price,
+            "storage_gb_month": self.storage_gb_month_price,
+        }
         self._collector = metrics.register(self.orchestrator.metrics_snapshot)
         self._warn_about_culling(serverapp.kernel_manager, policy)
+        self._platform_stopping = False
+        if self.orchestrator.environment is not None:
+            self._watch_sigterm()
+
+    def _backend(self, serverapp: Any) -> tuple[Backend, int]:
+        """The configured backend (auto-detected in a pod) and the GPUs it has."""
+        from .backends import workspace
+
+        name = self.backend
+        if name == "auto":
+            found = workspace.detect(self.service_account_dir, dict(os.environ))
+            name = "workspace" if found else "local"
+        settings = None
+        if name == "workspace":
+            try:
+                settings = workspace.workspace_settings(
+                    self.service_account_dir,
+                    snapshots=self.pod_snapshots,
+                    snapshot_timeout_seconds=self.snapshot_timeout_seconds,
+                    poll_seconds=self.workspace_poll_seconds,
+                    gvisor_checkpoint=self.gvisor_checkpoint_file,
+                )
+            except BackendError as err:  # the extension always loads: say why, run locally
+                self.log.error("jupyter_pause: no workspace backend: %s; using 'local'", err)
+        if settings is None:
+            local = LocalBackend(
+                serverapp.kernel_manager, serverapp.session_manager, self.gpu_count
+            )
+            return local, local.pool.total
+        backend = workspace.WorkspaceBackend(
+            serverapp.kernel_manager, serverapp.session_manager, settings
+        )
+        backend.gpus = detect_gpus() if self.gpu_count is None else self.gpu_count
+        self.log.info(
+            "jupyter_pause: workspace backend (pod %s/%s)", settings.namespace, settings.pod_name
+        )
+        return backend, backend.gpus
+
+    def _watch_sigterm(self) -> None:
+        """Note a SIGTERM (the platform stopping the pod) before jupyter-server stops: its
+        cleanup stops the extensions before the kernels, so ``stop_extension`` can save them."""
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            self._platform_stopping = True
+            if callable(previous):
+                previous(signum, frame)
+
+        try:
+            signal.signal(signal.SIGTERM, on_sigterm)
+        except ValueError:  # not the main thread (an embedding application): nothing to chain
+            self.log.warning("jupyter_pause: SIGTERM cannot be watched from this thread")
 
     def _warn_about_culling(self, kernel_manager: Any, policy: Policy) -> None:
         cull = getattr(kernel_manager, "cull_idle_timeout", 0) or 0
@@ -200,4 +317,6 @@ class PauseApp(ExtensionApp):
         if getattr(self, "_collector", None) is not None:
             metrics.unregister(self._collector)
             self._collector = None
+        if getattr(self, "_platform_stopping", False):
+            await self.orchestrator.platform_stop(self.platform_stop_seconds)
         await self.orchestrator.stop()

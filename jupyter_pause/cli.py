@@ -14,9 +14,7 @@ import os
 import posixpath
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -55,10 +53,10 @@ server:
 
 exit codes:
   0  success
-  1  the operation failed (pause failed and the session kept running, resume failed,
-     checkpoint failed)
+  1  the operation failed (pause failed and the session kept running, resume failed or
+     did not restore everything, checkpoint failed)
   2  usage error
-  3  no server found, or the server is unreachable
+  3  no server found, the server is unreachable, or it has no jupyter_pause API
   4  unknown notebook
   5  busy or conflicting (e.g. already paused, a pause/resume in progress)
   6  not authorised (wrong or missing token)
@@ -127,20 +125,46 @@ class ServerInfo:
 
 
 def running_servers() -> list[dict[str, Any]]:
-    """The servers of this user's runtime files, like ``jupyter server list``."""
-    # Imported here: only discovery needs jupyter_server, --url works without it.
+    """The servers of this user's runtime files, like ``jupyter server list``.
+
+    Read here rather than through ``jupyter_server.serverapp.list_running_servers``: importing
+    the server takes seconds, and a command typed in a loop must answer at once.
+    """
+    folder = runtime_dir()
     try:
-        from jupyter_server.serverapp import list_running_servers
-    except ImportError:
+        names = sorted(os.listdir(folder))
+    except OSError:
         return []
-    return [info for info in list_running_servers() if info.get("url")]
+    servers = []
+    for name in names:
+        if not (name.startswith("jpserver-") and name.endswith(".json")):
+            continue
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as handle:
+                info = json.load(handle)
+        except (OSError, ValueError):
+            continue  # a file being written, or not one of a server's
+        if isinstance(info, dict) and info.get("url") and _alive(info.get("pid")):
+            servers.append(info)
+    return servers
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:  # someone else's process, but alive
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def runtime_dir() -> str:
-    try:
-        from jupyter_core.paths import jupyter_runtime_dir
-    except ImportError:
-        return "the Jupyter runtime directory"
+    """Where Jupyter servers write their runtime files (``jupyter --runtime-dir``)."""
+    from jupyter_core.paths import jupyter_runtime_dir  # light, unlike jupyter_server
+
     return jupyter_runtime_dir()
 
 
@@ -245,6 +269,9 @@ class Client:
         return self.request("POST", parts, timeout)
 
     def request(self, method: str, parts: Sequence[str], timeout: float | None) -> Any:
+        import urllib.error  # here, not at the top: `--help` and "no server" answer sooner
+        import urllib.request
+
         url = self.base + "/".join(parts)
         request = urllib.request.Request(url, method=method)
         request.add_header("Authorization", f"token {self.server.token}")
@@ -266,10 +293,18 @@ class Client:
             raise CliError(
                 f"Cannot reach the Jupyter server at {self.server.url}: {reason}", EXIT_NO_SERVER
             ) from None
-        return json.loads(body) if body else None
+        try:
+            return json.loads(body) if body else None
+        except ValueError:
+            raise CliError(
+                f"{url} did not answer JSON (a web page?): is {self.server.url} a Jupyter server "
+                "with jupyter_pause, with its base URL?",
+                EXIT_NO_SERVER,
+            ) from None
 
-    def http_error(self, err: urllib.error.HTTPError) -> CliError:
-        """The server's JSON message, with the exit code its status means."""
+    def http_error(self, err: Any) -> CliError:
+        """An ``urllib.error.HTTPError``: the server's JSON message, with the exit code its
+        status means."""
         try:
             message = json.loads(err.read()).get("message") or err.reason
         except (ValueError, AttributeError, OSError):
@@ -277,7 +312,11 @@ class Client:
         if err.code == 403:
             message = f"Not authorised by {self.server.url} ({message}): check the token"
         elif err.code == 404 and message in ("Not Found", None, ""):
-            message = f"{self.server.url} has no jupyter_pause API: is the extension enabled?"
+            # Not one of our 404s (they always say which notebook): the URL is not ours.
+            return CliError(
+                f"{self.server.url} has no jupyter_pause API: is the extension enabled?",
+                EXIT_NO_SERVER,
+            )
         return CliError(str(message), HTTP_EXIT_CODES.get(err.code, EXIT_FAILED))
 
 
@@ -403,11 +442,25 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
     )
     if not sessions:
         print("Sessions: none")
+        print_attention([], status.get("problems") or [])
         return EXIT_OK
     print("Sessions:")
     rows = [session_row(s) for s in sessions]
     print(table(("  PATH", "STATE", "GPUS", "MESSAGE"), [("  " + r[0], *r[1:]) for r in rows]))
+    print_attention(sessions, status.get("problems") or [])
     return EXIT_OK
+
+
+def print_attention(sessions: list[dict[str, Any]], problems: list[str]) -> None:
+    """What needs the user: incomplete restores (and how to recover), damaged files."""
+    for session in sessions:
+        if session.get("hold"):
+            error = session.get("error") or {}
+            print(f"Held: {session['path']}: {error.get('recovery') or 'retention is held'}")
+        for warning in session.get("warnings") or []:
+            print(f"Warning: {session['path']}: {warning}")
+    for problem in problems:
+        print(f"Warning: {problem}")
 
 
 def session_row(session: dict[str, Any]) -> tuple[str, str, str, str]:
@@ -476,6 +529,12 @@ def cmd_resume(client: Client, args: argparse.Namespace) -> int:
         # Nothing in flight: the server answered a running session (a harmless no-op).
         return report_started(record, args)
     record = follow(client, args, record, RESUME_IN_FLIGHT)
+    if record["state"] == "partial":
+        recovery = (record.get("error") or {}).get("recovery") or ""
+        raise CliError(
+            f"Resume of {args.path} incomplete: {record.get('message')} {recovery}".rstrip(),
+            EXIT_FAILED,
+        )
     if record["state"] != "ready":
         raise CliError(
             f"Resume of {args.path} failed: "
@@ -499,6 +558,18 @@ def resume_summary(path: str, record: dict[str, Any], seconds: float) -> str:
         reasons = format_reasons(failed)
         detail += f"; {len(failed)} not restored: {reasons}"
     return f"Resumed {path}: restored from files ({detail}) in {took}"
+
+
+def cmd_accept(client: Client, args: argparse.Namespace) -> int:
+    record = client.post("accept", quote_path(args.path))
+    if args.json:
+        print_json(record)
+    else:
+        print(
+            f"{args.path}: carrying on without what was not restored; its old checkpoints are "
+            "subject to retention again"
+        )
+    return EXIT_OK
 
 
 def follow(
@@ -529,10 +600,12 @@ def cmd_list(client: Client, args: argparse.Namespace) -> int:
         sessions = client.get("sessions")["sessions"]
         if args.json:
             print_json(sessions)
-        elif sessions:
+            return EXIT_OK
+        if sessions:
             print(table(("PATH", "STATE", "GPUS", "MESSAGE"), [session_row(s) for s in sessions]))
         else:
             print("No notebook sessions.")
+        print_snapshots(client.get("snapshots"))
         return EXIT_OK
     listing = client.get("checkpoints", quote_path(args.path))
     if args.json:
@@ -540,6 +613,25 @@ def cmd_list(client: Client, args: argparse.Namespace) -> int:
         return EXIT_OK
     print_checkpoints(listing)
     return EXIT_OK
+
+
+def print_snapshots(listing: dict[str, Any]) -> None:
+    """The pod snapshots of a workspace (nothing on a backend that takes none)."""
+    snapshots = listing.get("snapshots") or []
+    if snapshots:
+        print("Pod snapshots of this workspace:")
+        rows = [
+            (
+                "  " + s["name"],
+                s["created"],
+                "ready" if s["ready"] else "not ready",
+                "restored by the next resume" if s["pinned"] else "-",
+            )
+            for s in snapshots
+        ]
+        print(table(("  NAME", "CREATED", "STATE", "PINNED"), rows))
+    if listing.get("problem"):
+        print(f"Pod snapshots cannot be listed: {listing['problem']}")
 
 
 def print_checkpoints(listing: dict[str, Any]) -> None:
@@ -647,6 +739,15 @@ def cmd_gc(client: Client, args: argparse.Namespace) -> int:
         print_json(result)
         return EXIT_OK
     removed = result.get("removed") or {}
+    for notebook in result.get("held") or []:
+        print(f"Kept every checkpoint of {notebook}: its last restore was incomplete")
+    for problem in result.get("problems") or []:
+        print(f"Warning: {problem.get('folder')}: {problem.get('problem')}")
+    snapshots = result.get("snapshots") or {}  # a workspace's pod snapshots, when it has any
+    if snapshots.get("deleted"):
+        print(f"Deleted pod snapshots: {', '.join(snapshots['deleted'])}")
+    if snapshots.get("problem"):
+        print(f"Warning: pod snapshots: {snapshots['problem']}")
     if not removed:
         print("Nothing to remove: every checkpoint is within the retention policy.")
         return EXIT_OK
@@ -698,10 +799,23 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    add("status", cmd_status, "the server, its GPUs and queue, and every session's state")
+    status = add("status", cmd_status, "the server, its GPUs and queue, and every session's state")
     checkpoint = add("checkpoint", cmd_checkpoint, "checkpoint a running notebook now", "required")
     pause = add("pause", cmd_pause, "checkpoint, stop the kernel and release its GPU", "required")
-    resume = add("resume", cmd_resume, "start a kernel and restore the checkpoint", "required")
+    resume = add(
+        "resume",
+        cmd_resume,
+        "start a kernel and restore the checkpoint (or resume a whole paused Workspace)",
+        "optional",
+    )
+    for sub in (status, resume):
+        sub.add_argument(
+            "--workspace",
+            metavar="NAMESPACE/NAME",
+            help="a Kubeflow Workspace, from outside its pod (kubeconfig, or in-cluster)",
+        )
+        sub.add_argument("--kubeconfig", help="with --workspace: this kubeconfig file")
+        sub.add_argument("--context", help="with --workspace: this kubeconfig context")
     for sub in (checkpoint, pause, resume):
         sub.add_argument(
             "--timeout",
@@ -714,7 +828,130 @@ def build_parser() -> argparse.ArgumentParser:
     add("list", cmd_list, "a notebook's checkpoints, or all sessions", "optional")
     add("timeline", cmd_timeline, "a notebook's pause/resume events and GPU time", "required")
     add("gc", cmd_gc, "apply the retention policy to every notebook's checkpoints")
+    add(
+        "accept",
+        cmd_accept,
+        "carry on after an incomplete restore: retention may delete old checkpoints again",
+        "required",
+    )
+    add_report(
+        add(
+            "report",
+            cmd_report,
+            "GPU hours allocated, worked and released; storage; "
+            "resume latency; an idle-threshold study (Markdown on stdout)",
+        )
+    )
+    add_drill(
+        add(
+            "drill",
+            cmd_drill,
+            "pause and resume a drill notebook on this server's "
+            "backend, probe its failure paths, and write a report folder",
+        )
+    )
     return parser
+
+
+def non_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
+
+
+def add_report(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--since", default="7d", help="window: 7d, 36h, 90m, 2w or all (default 7d)")
+    sub.add_argument(
+        "--by",
+        choices=("notebook", "user", "kernelspec"),
+        default="notebook",
+        help="rows per notebook, user (owner of its store folder) or kernelspec",
+    )
+    sub.add_argument("--out", metavar="DIR", help="write report.md, report.json and PNG charts")
+    sub.add_argument(
+        "--store",
+        nargs="?",
+        const="",
+        metavar="DIR",
+        help="read the checkpoint store instead of a server (default: the server's; the "
+        "default store when no server runs)",
+    )
+    sub.add_argument("--gpu-hour-price", type=non_negative, help="overrides the server's price")
+    sub.add_argument(
+        "--storage-gb-month-price", type=non_negative, help="overrides the server's price"
+    )
+    sub.set_defaults(finds_server=False)
+
+
+def add_drill(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--out",
+        metavar="DIR",
+        default="pause-drill-report",
+        help="folder of report.md, report.json and the charts (default: pause-drill-report)",
+    )
+    sub.add_argument(
+        "--backend",
+        help="backend of the server the drill starts (default: the server's own); "
+        "with a running server, the drill stops unless it uses this backend",
+    )
+    sub.add_argument(
+        "--model",
+        default="seed",
+        help="'seed' (a small MLP built from a fixed seed, offline), 'seed:MB' (about MB of "
+        "weights), a file saved with torch.save, or hf:NAME from the local Hugging Face cache",
+    )
+    sub.add_argument(
+        "--rush",
+        type=int,
+        default=3,
+        metavar="N",
+        help="notebooks resumed at once against fewer GPUs (default 3; 0 skips the rush)",
+    )
+    sub.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        metavar="K",
+        help="GPUs the drill's own server hands out (c.PauseApp.gpu_count; default 1)",
+    )
+    sub.add_argument(
+        "--own-server",
+        action="store_true",
+        help="start a server of its own (as `make lab` does) even when one is running",
+    )
+    sub.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the drill notebook paused with its checkpoint, for --upgrade-check later",
+    )
+    sub.add_argument(
+        "--upgrade-check",
+        action="store_true",
+        help="after an upgrade or migration: tell whether the drill notebook kept by --keep "
+        "came back as the live process, from files, or not at all (a new session)",
+    )
+    sub.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        default=300.0,
+        metavar="SECONDS",
+        help="longest wait for any one step (default 300)",
+    )
+    sub.set_defaults(finds_server=False)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .usage.command import run  # matplotlib and the store code: only for this command
+
+    return run(args)
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    from .drill.command import run
+
+    return run(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -725,6 +962,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
+        if getattr(args, "workspace", None):
+            from . import workspace_cli  # imports the kubernetes client: only when asked
+
+            return workspace_cli.run(args)
+        if args.command == "resume" and args.notebook is None:
+            parser.error("resume needs NOTEBOOK, or --workspace NAMESPACE/NAME")
+        if not getattr(args, "finds_server", True):
+            return args.handler(args)  # finds (or starts) its server itself
         server = find_server(args)
         notebook = getattr(args, "notebook", None)
         args.path = None if notebook is None else server_path(notebook, server.root_dir)
@@ -739,4 +984,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # As the package's module, not __main__: the --workspace commands import this module's
+    # errors and helpers, which must be the ones main() catches.
+    from jupyter_pause.cli import main as package_main
+
+    sys.exit(package_main())

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import zmq
@@ -24,6 +25,10 @@ from jupyter_client.session import Session
 from .kernel.server_calls import REQUEST_MSG_TYPE
 
 log = logging.getLogger(__name__)
+
+#: How long after our own request its last messages (the kernel's "idle") have reached
+#: jupyter-server's activity tracking, before we take that activity back.
+ACTIVITY_SETTLE_SECONDS = 0.5
 
 
 class KernelCallError(Exception):
@@ -49,6 +54,7 @@ class KernelBridge:
     def __init__(self, kernel_manager: Any) -> None:
         self.kernel_manager = kernel_manager
         self._own_sessions: set[str] = set()  # our clients' session ids: not user activity
+        self._watched: dict[str, KernelActivity] = {}  # kernel id -> what its watcher saw
 
     def _client(self, kernel_id: str) -> Any:
         try:
@@ -69,6 +75,8 @@ class KernelBridge:
     async def call(self, kernel_id: str, op: str, timeout: float, **args: Any) -> dict[str, Any]:
         """Evaluate ``server_calls.call(op, args)`` in the kernel; returns its JSON answer."""
         client = self._client(kernel_id)
+        before = getattr(self.kernel_manager.get_kernel(kernel_id), "last_activity", None)
+        asked_at = time.time()
         client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
         expression = (
             "__import__('jupyter_pause.kernel.server_calls', fromlist=['call'])"
@@ -95,7 +103,31 @@ class KernelBridge:
                     break
         finally:
             client.stop_channels()
+            if before is not None and kernel_id in self._watched:
+                asyncio.get_running_loop().call_later(
+                    ACTIVITY_SETTLE_SECONDS, self._forget_own_activity, kernel_id, before, asked_at
+                )
         return _parse_reply(reply)
+
+    def _forget_own_activity(self, kernel_id: str, before: datetime, asked_at: float) -> None:
+        """jupyter-server counts every message of a kernel as activity (its ``/api/status``,
+        its culler and external idle cullers read it): take back what our own request added,
+        unless the watcher saw the user do something meanwhile (then it stays as it is)."""
+        activity = self._watched.get(kernel_id)
+        try:
+            kernel = self.kernel_manager.get_kernel(kernel_id)
+        except KeyError:
+            return
+        if activity is None or activity.busy or activity.last_activity >= asked_at:
+            return
+        if kernel.last_activity > before:
+            kernel.last_activity = before
+            latest = [
+                self.kernel_manager.get_kernel(other).last_activity
+                for other in self.kernel_manager.list_kernel_ids()
+            ]
+            if hasattr(self.kernel_manager, "last_kernel_activity") and latest:
+                self.kernel_manager.last_kernel_activity = max(latest)
 
     async def watch(
         self,
@@ -113,6 +145,7 @@ class KernelBridge:
             if getattr(kernel, "execution_state", None) == "busy" and not activity.busy:
                 activity.busy, activity.busy_since = True, time.time()  # busy since before we came
             activity.watching = True
+            self._watched[kernel_id] = activity
             while True:
                 try:
                     msg = await client.get_iopub_msg(timeout=5)
@@ -129,6 +162,7 @@ class KernelBridge:
             log.info("jupyter_pause: stopped watching kernel %s: %s", kernel_id, err)
         finally:
             activity.watching = False
+            self._watched.pop(kernel_id, None)
             with contextlib.suppress(Exception):
                 client.stop_channels()
 
@@ -155,10 +189,13 @@ class KernelBridge:
                 activity.busy, activity.busy_since = False, None
                 activity.last_activity = now
         elif kind == "execute_input" and not ours:
+            idle_since = activity.last_activity
             activity.execution_count = msg["content"].get("execution_count")
             activity.cells_executed += 1
             activity.last_activity = now
-            await on_event("cell", {"execution_count": activity.execution_count})
+            await on_event(
+                "cell", {"execution_count": activity.execution_count, "idle_since": idle_since}
+            )
         elif kind == REQUEST_MSG_TYPE:
             await on_event("request", dict(msg["content"]))
 

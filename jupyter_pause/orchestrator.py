@@ -20,30 +20,20 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import metrics
-from .backends.base import Backend, BackendError, SessionSpec
+from . import holds, metrics, store_view
+from .backends.base import Backend, BackendError, EnvironmentBackend, SessionSpec
+from .environment import Environment
 from .formatting import format_bytes, format_count, format_reasons
 from .kernel import store as store_mod
 from .kernel_bridge import KernelActivity, KernelBridge, KernelCallError
 from .policy import Policy
-from .timeline import Timeline
+from .records import STATES, RecordWriter, SessionRecord, read_folder
+from .store_view import StoreView, inspect_store
 
-STATES = (
-    "active",
-    "checkpointing",
-    "pausing",
-    "paused",
-    "resuming",
-    "waiting-for-resources",
-    "restoring",
-    "ready",
-    "failed",
-)
-RUNNING_STATES = ("active", "ready")
+RUNNING_STATES = ("active", "ready", "partial")
 IN_FLIGHT_STATES = ("checkpointing", "pausing", "resuming", "waiting-for-resources", "restoring")
 
 log = logging.getLogger(__name__)
@@ -63,74 +53,16 @@ class Conflict(PauseError):
     status = 409
 
 
-@dataclass
-class SessionRecord:
-    """Everything known about one notebook session; ``to_json`` is the REST representation."""
+def restore_shortfall(result: dict[str, Any]) -> dict[str, str]:
+    """What a kernel's restore did not bring back: variables and session items, with why.
 
-    path: str
-    key: str
-    state: str = "active"
-    message: str = "Running."
-    since: float = field(default_factory=time.time)
-    kernel_id: str | None = None
-    kernel_name: str = "python3"
-    gpus: list[int] = field(default_factory=list)
-    gpus_needed: int = 0
-    progress: dict[str, Any] | None = None
-    how: str | None = None  # "live" | "files", once ready after a resume
-    restore: dict[str, Any] | None = None
-    error: dict[str, str] | None = None
-    checkpoint: dict[str, Any] | None = None
-    queue_position: int | None = None
-    process_token: str | None = None
-    started: float = field(default_factory=time.time)
-    busy_seconds_before: float = 0.0  # active time of kernels this session had before
-    timeline: Timeline = field(default_factory=Timeline)
-    activity: KernelActivity = field(default_factory=KernelActivity)
-    awaiting_first_cell: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        data = {k: v for k, v in asdict(self).items() if k not in ("timeline", "activity")}
-        data["busy"] = self.activity.busy
-        data["busy_since"] = self.activity.busy_since
-        data["execution_count"] = self.activity.execution_count
-        data["last_activity"] = self.activity.last_activity or None
-        data["watching"] = self.activity.watching
-        return data
-
-    def persisted(self) -> dict[str, Any]:
-        data = self.to_json()
-        data["timeline"] = self.timeline.to_json()
-        data["busy_seconds_before"] = self.busy_seconds()
-        return data
-
-    def busy_seconds(self) -> float:
-        return self.busy_seconds_before + self.activity.busy_seconds
-
-    @classmethod
-    def from_persisted(cls, data: dict[str, Any]) -> SessionRecord:
-        record = cls(path=data["path"], key=data["key"])
-        for name in (
-            "state",
-            "message",
-            "since",
-            "kernel_id",
-            "kernel_name",
-            "gpus",
-            "gpus_needed",
-            "progress",
-            "how",
-            "restore",
-            "error",
-            "checkpoint",
-            "process_token",
-            "started",
-            "busy_seconds_before",
-        ):
-            if name in data:
-                setattr(record, name, data[name])
-        record.timeline = Timeline.from_json(data.get("timeline", []))
-        return record
+    Empty when everything came back; anything else is a partial restore, never a success.
+    """
+    missing = dict(result.get("failed") or {})
+    session = result.get("session") or {}
+    if isinstance(session, dict):
+        missing.update(session.get("failed") or {})
+    return missing
 
 
 class Orchestrator:
@@ -160,15 +92,40 @@ class Orchestrator:
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._monitor: asyncio.Task[None] | None = None
+        self._waiting_idle: dict[str, str] = {}  # path -> the pause/checkpoint waiting for idle
+        self._collecting: asyncio.Future[dict[str, Any]] | None = None  # the gc in flight
+        self._views: dict[str, tuple[Any, StoreView]] = {}  # key -> what its store last showed
+        self.writer = RecordWriter(self.store_root)
+        # Damaged store content that belongs to no known notebook, named (GET /status).
+        self.problems: list[str] = []
+        # Notebooks whose kernel ran when the last server process ended (not paused).
+        self.interrupted: list[str] = []
+        # A backend that pauses whole environments (a workspace pod) pauses every notebook.
+        self.environment = (
+            Environment(self, backend) if isinstance(backend, EnvironmentBackend) else None
+        )
         self._load_records()  # paused sessions survive a server restart
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self, monitor_interval: float = 30.0) -> None:
         await self.backend.start()
+        if self.environment is not None:
+            await self.environment.on_start()
         self._monitor = asyncio.create_task(self._monitor_loop(monitor_interval))
+
+    async def platform_stop(self, budget: float) -> None:
+        """The platform is stopping this server (SIGTERM): save every kernel first."""
+        if self.environment is not None:
+            await self.environment.platform_stop(budget)
 
     async def stop(self) -> None:
         tasks = [self._monitor, *self._watchers.values(), *self._tasks.values(), *self._background]
+        if self.environment is not None:
+            tasks += [
+                self.environment.pausing,
+                self.environment.waiting,
+                self.environment.restoring,
+            ]
         for task in tasks:
             if task is not None:
                 task.cancel()
@@ -176,30 +133,79 @@ class Orchestrator:
             if task is not None:
                 with contextlib.suppress(BaseException):
                     await task
+        await self.writer.flush()
         await self.backend.close()
 
     def _load_records(self) -> None:
-        if not self.store_root.is_dir():
+        """Read every notebook's session.json (at start-up, before the server serves).
+
+        One unreadable file affects only its notebook: it is named in a warning and in that
+        notebook's status, and its state is rebuilt from its checkpoints.
+        """
+        try:
+            folders = sorted(self.store_root.iterdir()) if self.store_root.is_dir() else []
+        except OSError as err:
+            self._problem(f"the checkpoint store {self.store_root} cannot be read ({err})")
             return
-        for path in self.store_root.glob("*/session.json"):
-            try:
-                record = SessionRecord.from_persisted(json.loads(path.read_text()))
-            except (ValueError, KeyError) as err:
-                log.warning("jupyter_pause: ignoring unreadable %s (%s)", path, err)
-                continue
-            if record.state != "paused":
-                # The server stopped while the kernel ran or mid-way through a pause/resume; its
-                # kernels stopped with it. The checkpoint on disk is the truth.
-                record.kernel_id, record.gpus, record.progress = None, [], None
-                if self._latest_checkpoint(record) is None:
-                    continue
-                self._set(
-                    record,
-                    "paused",
-                    f"The server restarted while this notebook was {record.state}."
-                    + self._intact_text(record),
-                )
-            self.records[record.path] = record
+        for folder in folders:
+            if folder.is_dir() or folder.is_symlink():
+                self._load_folder(folder)
+
+    def _load_folder(self, folder: Path) -> None:
+        record, key, problem = read_folder(folder)
+        if record is None and key is not None and problem is not None:
+            path = self._path_of(key)
+            if path is not None:  # session.json is unreadable: the checkpoints tell the state
+                record = SessionRecord(path, key, state="paused")
+                problem += "; its state was rebuilt from the checkpoints"
+        if record is None:
+            if problem:
+                self._problem(problem)
+            return
+        if problem:
+            record.file_warnings.append(problem)
+        for warning in record.file_warnings:
+            log.warning("jupyter_pause: %s: %s", record.path, warning)
+        try:
+            _stamp, view = inspect_store(self.store_for(record))
+        except (OSError, store_mod.StoreError) as err:
+            self._problem(f"{folder} cannot be read ({err})")
+            return
+        record.hold, record.warnings = view.hold, list(view.problems)
+        if view.latest and (record.checkpoint or {}).get("id") != view.latest["id"]:
+            record.checkpoint = view.latest  # the one a resume restores
+        # A new server process never has the kernels of the last one (a workspace pause
+        # keeps them recorded until its pod goes).
+        record.kernel_id, record.gpus = None, []
+        if record.state != "paused" or problem:
+            # The server stopped while the kernel ran or mid-way through a pause/resume; its
+            # kernels stopped with it. The checkpoint on disk is the truth.
+            record.progress = None
+            if view.latest is None:
+                if problem:
+                    self._problem(f"{problem}, but it has no checkpoint to restore")
+                return
+            if not problem:
+                self.interrupted.append(record.path)
+            message = (
+                "Not running; a checkpoint can be restored."
+                if problem
+                else f"The server restarted while this notebook was {record.state}."
+                + self._intact_text(view.latest)
+            )
+            self._set(record, "paused", message)
+        self.records[record.path] = record
+
+    def _problem(self, text: str) -> None:
+        log.warning("jupyter_pause: %s", text)
+        self.problems.append(text)
+
+    def _path_of(self, key: str) -> str | None:
+        """The server path of a notebook key, or None when it lies outside the server root."""
+        rel = os.path.relpath(key, self.root_dir)
+        if rel == "." or rel == ".." or rel.startswith(".." + os.sep) or os.path.isabs(rel):
+            return None
+        return rel.replace(os.sep, "/")
 
     # -- lookups ---------------------------------------------------------------------------------
     def notebook_key(self, path: str) -> str:
@@ -212,20 +218,38 @@ class Orchestrator:
         return self._locks.setdefault(path, asyncio.Lock())
 
     async def get(self, path: str) -> SessionRecord:
+        """The session of a notebook, its store's hold and problems read afresh."""
         await self.sync_sessions()
         record = self.records.get(path)
-        if record is None:
-            known = self.store_for(SessionRecord(path, self.notebook_key(path)))
-            if known.latest_id() is None:
-                raise UnknownSession(
-                    f"No session for {path!r}: open the notebook (start a kernel) or check the path"
-                )
-            # Checkpoints exist (taken from the notebook) but the server never saw a pause.
-            record = SessionRecord(path, self.notebook_key(path), state="paused")
-            record.checkpoint = self._latest_checkpoint(record)
-            record.message = "Not running; a checkpoint can be restored."
-            self.records[path] = record
+        if record is not None:
+            await self._inspect(record)
+            return record
+        record = SessionRecord(path, self.notebook_key(path), state="paused")
+        view = await self._inspect(record)
+        if path in self.records:  # found while we read the store
+            return self.records[path]
+        if view.latest is None:
+            raise UnknownSession(
+                f"No session for {path!r}: open the notebook (start a kernel) or check the path"
+            )
+        # Checkpoints exist (taken from the notebook) but the server never saw a pause.
+        record.checkpoint = view.latest
+        record.message = "Not running; a checkpoint can be restored."
+        self.records[path] = record
         return record
+
+    async def _inspect(self, record: SessionRecord) -> StoreView:
+        """Read the notebook's store off the event loop; the record shows its hold and problems."""
+        try:
+            known = self._views.get(record.key)
+            self._views[record.key] = await asyncio.to_thread(
+                inspect_store, self.store_for(record), known
+            )
+            view = self._views[record.key][1]
+        except (OSError, store_mod.StoreError) as err:
+            view = StoreView(None, None, [f"the checkpoint folder cannot be read ({err})"])
+        record.hold, record.warnings = view.hold, list(view.problems)
+        return view
 
     def list(self) -> list[SessionRecord]:
         return sorted(self.records.values(), key=lambda r: r.path)
@@ -284,7 +308,8 @@ class Orchestrator:
         record.busy_seconds_before = record.busy_seconds()
         record.activity = KernelActivity()
         record.kernel_id, record.gpus = None, []
-        if self._latest_checkpoint(record) is None:
+        latest = (await self._inspect(record)).latest
+        if latest is None:
             self._save(record)
             self.records.pop(record.path, None)
             return
@@ -292,7 +317,7 @@ class Orchestrator:
             record,
             "paused",
             "The kernel ended outside jupyter_pause (shut down or culled)."
-            + self._intact_text(record),
+            + self._intact_text(latest),
         )
 
     async def _attach(self, record: SessionRecord, kernel_id: str, kernel_name: str) -> None:
@@ -304,16 +329,18 @@ class Orchestrator:
         record.activity = KernelActivity(last_activity=self._kernel_last_activity(kernel_id))
         kernel_policy = self.policy.for_kernelspec(kernel_name)
         record.gpus_needed = kernel_policy.gpus
-        if record.path in self._tasks:
-            pass  # our own resume attaches the kernel it started
-        elif record.state in ("paused", "failed") and self._latest_checkpoint(record):
+        ours = record.path in self._tasks  # our own resume attaches the kernel it started
+        latest = None if ours else (await self._inspect(record)).latest
+        if ours:
+            pass
+        elif record.state in ("paused", "failed") and latest:
             # The notebook was opened again and JupyterLab started a fresh kernel: the session
             # stays paused (that kernel has none of its state) until the user resumes into it.
             self._set(
                 record,
                 record.state,
                 "A new kernel is running without the saved state: resume to restore "
-                f"checkpoint {self._latest_checkpoint(record)['id']} into it.",
+                f"checkpoint {latest['id']} into it.",
             )
         elif record.state not in RUNNING_STATES:
             self._set(record, "active", "Running.")
@@ -345,6 +372,8 @@ class Orchestrator:
 
     async def _watch(self, record: SessionRecord, kernel_id: str) -> None:
         async def on_event(kind: str, data: dict[str, Any]) -> None:
+            if kind == "cell":
+                self._note_return(record, data.pop("idle_since", None))
             if kind == "cell" and record.awaiting_first_cell:
                 record.awaiting_first_cell = False
                 event = record.timeline.add("first_cell_executed", **data)
@@ -354,6 +383,9 @@ class Orchestrator:
                 self._save(record)
             elif kind == "request" and data.get("action") == "pause":
                 self._spawn(self._pause_when_idle(record.path, "%pause in the notebook"))
+            elif kind == "request" and data.get("action") == "checkpointed":
+                await self._note_checkpoint(record, data)
+                self._save(record)
 
         try:
             await self.bridge.watch(kernel_id, record.activity, on_event)
@@ -375,14 +407,7 @@ class Orchestrator:
         self._save(record)
 
     def _save(self, record: SessionRecord) -> None:
-        store = self.store_for(record)
-        try:
-            store.prepare()
-            store_mod.write_file_atomically(
-                store.path / "session.json", json.dumps(record.persisted()).encode()
-            )
-        except OSError as err:  # the state still lives in memory; say so, do not crash
-            log.warning("jupyter_pause: cannot record the state of %s: %s", record.path, err)
+        self.writer.save(record)
 
     def _spec(self, record: SessionRecord) -> SessionSpec:
         return SessionSpec(
@@ -393,26 +418,11 @@ class Orchestrator:
             gpus=record.gpus_needed,
         )
 
-    def _latest_checkpoint(self, record: SessionRecord) -> dict[str, Any] | None:
-        store = self.store_for(record)
-        latest = store.latest_id()
-        if latest is None:
-            return None
-        try:
-            manifest = store.read_manifest(latest)
-        except store_mod.StoreError:
-            return None
-        return {
-            "id": latest,
-            "created": manifest["created"],
-            "bytes": store_mod.manifest_bytes(manifest),
-            "process_token": manifest["process_token"],
-        }
-
     # -- checkpoint ------------------------------------------------------------------------------
     async def checkpoint(self, path: str) -> dict[str, Any]:
         """Checkpoint a running session now; returns the kernel's CheckpointResult."""
         record = await self.get(path)
+        self._refuse_if_waiting(record, "checkpoint")
         async with self._lock(path):
             self._require_running(record, "checkpoint")
             await self._wait_idle(record, "checkpoint")
@@ -443,7 +453,7 @@ class Orchestrator:
             poller.cancel()
         if not answer.get("ok") or "result" not in answer:
             answer.setdefault("error", f"unexpected answer from the kernel: {answer}")
-            intact = self._intact_text(record)
+            intact = self._intact_text((await self._inspect(record)).latest)
             self._set(
                 record,
                 then,
@@ -458,33 +468,48 @@ class Orchestrator:
             raise Conflict(f"Checkpoint failed: {answer['error']}")
         result = answer["result"]
         record.process_token = answer.get("token")
-        record.checkpoint = self._latest_checkpoint(record)
-        record.timeline.add(
-            "checkpoint_written",
-            checkpoint_id=result["checkpoint_id"],
-            bytes_written=result["bytes_written"],
-            bytes_total=result["bytes_total"],
-            seconds=result["seconds"],
-            skipped=result["skipped"],
-        )
-        metrics.checkpoint_written(result["bytes_written"])
+        await self._note_checkpoint(record, result)
         # A manual checkpoint returns to the state (and message) it interrupted.
         self._set(
             record, then, message if then != "checkpointing" else record.message, progress=None
         )
         return result
 
+    async def _note_checkpoint(self, record: SessionRecord, result: dict[str, Any]) -> None:
+        """Put a checkpoint on the notebook's timeline, once: the kernel announces every one
+        (``%checkpoint``, scheduled ones, and those the server asked for)."""
+        checkpoint_id = result.get("checkpoint_id")
+        # Checked and added before the first await: the announcement and the server's own
+        # call may race; both then wait for the record of the checkpoint.
+        if not any(
+            event.kind == "checkpoint_written" and event.data.get("checkpoint_id") == checkpoint_id
+            for event in record.timeline.events
+        ):
+            record.timeline.add(
+                "checkpoint_written",
+                checkpoint_id=checkpoint_id,
+                bytes_written=result.get("bytes_written", 0),
+                bytes_total=result.get("bytes_total", 0),
+                seconds=result.get("seconds", 0.0),
+                skipped=result.get("skipped", {}),
+                reason=result.get("reason", "manual"),
+            )
+            metrics.checkpoint_written(int(result.get("bytes_written", 0)))
+        record.checkpoint = (await self._inspect(record)).latest
+
     async def _poll_progress(self, record: SessionRecord) -> None:
         progress_file = self.store_for(record).path / "progress.json"
-        with contextlib.suppress(FileNotFoundError):
-            progress_file.unlink()
+        await asyncio.to_thread(progress_file.unlink, missing_ok=True)
         while True:
             await asyncio.sleep(0.25)
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                record.progress = json.loads(progress_file.read_text())
+            with contextlib.suppress(OSError, ValueError):
+                progress = json.loads(await asyncio.to_thread(progress_file.read_bytes))
+                if isinstance(progress, dict):
+                    record.progress = progress
 
-    def _intact_text(self, record: SessionRecord) -> str:
-        latest = self._latest_checkpoint(record)
+    @staticmethod
+    def _intact_text(latest: dict[str, Any] | None) -> str:
+        """`` Your checkpoint 3 from 18:02 is intact.`` (empty when there is none)."""
         if latest is None:
             return ""
         when = time.strftime("%H:%M", time.localtime(latest["created"]))
@@ -498,21 +523,48 @@ class Orchestrator:
 
     async def _wait_idle(self, record: SessionRecord, action: str) -> None:
         deadline = time.monotonic() + self.policy.busy_wait_seconds
-        while record.activity.busy:
-            if time.monotonic() >= deadline:
-                cell = record.activity.execution_count
-                minutes = (time.time() - (record.activity.busy_since or time.time())) / 60
-                what = f"cell [{cell}]" if cell is not None else "a cell"
-                raise Conflict(
-                    f"Cannot {action} {record.path}: kernel busy running {what} for "
-                    f"{minutes:.0f} min; it is never interrupted. Try again when it finishes."
-                )
-            await asyncio.sleep(0.1)
+        self._waiting_idle[record.path] = action
+        try:
+            while record.activity.busy:
+                if time.monotonic() >= deadline:
+                    raise Conflict(
+                        f"Cannot {action} {record.path}: kernel busy running {self._cell(record)}"
+                        f" for {self._busy_minutes(record):.0f} min; it is never interrupted. "
+                        "Try again when it finishes."
+                    )
+                await asyncio.sleep(0.1)
+        finally:
+            self._waiting_idle.pop(record.path, None)
+
+    def _refuse_if_waiting(self, record: SessionRecord, action: str) -> None:
+        """A pause or checkpoint already waits for the running cell: answer now, not in 30 s."""
+        waiting = self._waiting_idle.get(record.path)
+        if waiting is not None:
+            raise Conflict(
+                f"Cannot {action} {record.path}: a {waiting} is already waiting (up to "
+                f"{self.policy.busy_wait_seconds:.0f} s) for {self._cell(record)} to finish; "
+                "it is never interrupted. Follow that one, or try again when the cell finishes."
+            )
+
+    @staticmethod
+    def _cell(record: SessionRecord) -> str:
+        cell = record.activity.execution_count
+        return f"cell [{cell}]" if cell is not None else "a cell"
+
+    @staticmethod
+    def _busy_minutes(record: SessionRecord) -> float:
+        return (time.time() - (record.activity.busy_since or time.time())) / 60
 
     # -- pause -----------------------------------------------------------------------------------
     async def pause(self, path: str, reason: str = "user") -> SessionRecord:
         """Start a pause (returns at once with the record; follow its state)."""
+        if self.environment is not None:  # every notebook of the environment pauses with it
+            origin = (
+                "user" if reason == "user" else "idle" if reason.startswith("idle") else "notebook"
+            )
+            return await self.environment.pause(path, reason, origin)
         record = await self.get(path)
+        self._refuse_if_waiting(record, "pause")
         async with self._lock(path):
             if record.state == "paused":
                 raise Conflict(f"{path} is already paused")
@@ -545,8 +597,10 @@ class Orchestrator:
             self._set(record, "pausing", "Stopping the kernel and releasing its GPU.")
             try:
                 outcome = await self.backend.stop(self._spec(record))
-            except BackendError as err:
-                intact = self._intact_text(record)
+            except Exception as err:  # a backend's bug too: never leave the session "pausing"
+                if not isinstance(err, BackendError):
+                    log.exception("jupyter_pause: stopping %s failed", record.path)
+                intact = self._intact_text((await self._inspect(record)).latest)
                 record.timeline.add("failed", what=f"stop: {err}")
                 self._set(
                     record,
@@ -589,6 +643,12 @@ class Orchestrator:
     async def resume(self, path: str) -> SessionRecord:
         """Start a resume, or join the one in flight (two tabs, CLI + UI, retries)."""
         record = await self.get(path)
+        if self.environment is not None and self.environment.status()["state"] != "running":
+            raise Conflict(
+                f"Cannot resume {path} here: the whole workspace is "
+                f"{self.environment.status()['state']}; resume the workspace (jupyter pause "
+                "resume --workspace NAMESPACE/NAME)"
+            )
         async with self._lock(path):
             if path in self._tasks and record.state in (
                 "resuming",
@@ -600,15 +660,33 @@ class Orchestrator:
                 return record  # already back: a late retry gets the result
             if path in self._tasks:
                 raise Conflict(f"Cannot resume {path}: a {record.state} is in progress")
-            if self._latest_checkpoint(record) is None:
+            if (await self._inspect(record)).latest is None:
                 raise Conflict(f"Cannot resume {path}: it has no checkpoint to restore")
             record.timeline.add("resume_requested")
             self._set(record, "resuming", "Resuming.", error=None, how=None, restore=None)
             self._tasks[path] = asyncio.create_task(self._run_resume(record))
         return record
 
-    async def _run_resume(self, record: SessionRecord) -> None:
+    async def resume_for_environment(
+        self, record: SessionRecord, trust_live: bool, note: str
+    ) -> None:
+        """Resume one notebook of an environment that came back (live where proven)."""
+        async with self._lock(record.path):
+            if record.path in self._tasks:
+                raise Conflict(f"Cannot resume {record.path}: a {record.state} is in progress")
+            record.timeline.add("resume_requested", by="workspace")
+            self._set(record, "resuming", "Resuming.", error=None, how=None, restore=None)
+            task = asyncio.create_task(self._run_resume(record, trust_live, note))
+            self._tasks[record.path] = task
+        await task
+
+    async def _run_resume(
+        self, record: SessionRecord, trust_live: bool = True, note: str | None = None
+    ) -> None:
+        """Bring a notebook back; ``trust_live`` False: restore from files whatever the kernel
+        says (its environment was not proven to be the one that paused); ``note`` says why."""
         started = time.time()
+        restoring = False  # once the kernel restores, a failure may have left it half-restored
         try:
             record.gpus_needed = self.policy.for_kernelspec(record.kernel_name).gpus
             spec = self._spec(record)
@@ -636,12 +714,17 @@ class Orchestrator:
             await self._attach(record, outcome.kernel_id, record.kernel_name)
             self._set(record, "restoring", "Restoring the session state.")
             hello = await self.bridge.call(outcome.kernel_id, "hello", timeout=300, key=record.key)
-            checkpoint = self._latest_checkpoint(record) or {}
-            if hello.get("token") and hello["token"] == checkpoint.get("process_token"):
+            checkpoint = (await self._inspect(record)).latest or {}
+            if (
+                trust_live
+                and hello.get("token")
+                and hello["token"] == checkpoint.get("process_token")
+            ):
                 # The very process that wrote the checkpoint is alive again: a live restore.
-                record.timeline.add("state_restored", how="live")
-                self._finish_resume(record, "live", None, started)
+                record.timeline.add("state_restored", how="live", **({"why": note} if note else {}))
+                await self._finish_resume(record, "live", None, started, note)
                 return
+            restoring = True
             answer = await self.bridge.call(
                 outcome.kernel_id,
                 "restore",
@@ -649,20 +732,34 @@ class Orchestrator:
                 key=record.key,
             )
             if not answer.get("ok"):
-                raise KernelCallError(answer["error"])
-            result = answer["result"]
+                raise KernelCallError(str(answer.get("error") or f"unexpected answer {answer}"))
+            result = answer.get("result")
+            if not isinstance(result, dict) or not isinstance(result.get("checkpoint_id"), int):
+                raise KernelCallError(f"unexpected answer from the kernel: {answer}")
+            result.pop("notebook", None)  # the notebook's absolute path: the record has its path
             record.timeline.add(
                 "state_restored",
                 how="files",
                 checkpoint_id=result["checkpoint_id"],
-                restored=result["restored"],
-                failed=result["failed"],
+                restored=result.get("restored", []),
+                failed=restore_shortfall(result),
+                **({"why": note} if note else {}),
             )
-            self._finish_resume(record, "files", result, started)
-        except (BackendError, KernelCallError) as err:
-            recovery = (self._intact_text(record).strip() or "No data was changed.") + (
+            await self._finish_resume(record, "files", result, started, note)
+        except Exception as err:  # a backend's bug too: never leave the session "resuming"
+            if not isinstance(err, BackendError | KernelCallError):
+                log.exception("jupyter_pause: resuming %s failed", record.path)
+            latest = (await self._inspect(record)).latest
+            if restoring and latest is not None:
+                # The kernel may hold part of the state: keep every checkpoint until it is
+                # restored in full, or the user decides to carry on without it.
+                missing = {"(everything)": f"the restore failed: {err}"}
+                await holds.hold(self.store_for(record), record, latest["id"], missing)
+            recovery = (self._intact_text(latest).strip() or "No data was changed.") + (
                 " Resume again to restore from files, or run `%checkpoint restore` in a new kernel."
             )
+            if record.hold:
+                recovery += " " + holds.advice(record)
             record.timeline.add("failed", what=f"resume: {err}", recovery=recovery)
             self._set(
                 record,
@@ -676,31 +773,84 @@ class Orchestrator:
         finally:
             self._tasks.pop(record.path, None)
 
-    def _finish_resume(
-        self, record: SessionRecord, how: str, result: dict[str, Any] | None, started: float
+    async def _finish_resume(
+        self,
+        record: SessionRecord,
+        how: str,
+        result: dict[str, Any] | None,
+        started: float,
+        note: str | None = None,
     ) -> None:
         ready = record.timeline.add("kernel_ready")
         record.awaiting_first_cell = True
+        missing: dict[str, str] = {}
         if how == "live":
             message = "Ready: live session restored."
         else:
             assert result is not None
-            message = (
-                f"Ready: restored from files ({format_count(len(result['restored']), 'variable')}"
+            missing = restore_shortfall(result)
+            count = len(result.get("restored") or [])
+            message = f"Ready: restored from files ({format_count(count, 'variable')})."
+            held = (record.hold or {}).get("checkpoints", {})
+            if missing:
+                await holds.hold(self.store_for(record), record, result["checkpoint_id"], missing)
+                message = (
+                    f"Restored partially from files ({format_count(count, 'variable')}; "
+                    f"{len(missing)} not "
+                    f"restored: {format_reasons(missing)})."
+                )
+            elif str(result["checkpoint_id"]) in held:  # all came back: that hold ends
+                await holds.release(self.store_for(record), record, result["checkpoint_id"])
+        if note:  # why it is (or is not) live, when the environment came back
+            message += f" {note[:1].upper()}{note[1:]}."
+        if record.hold:
+            if not missing:
+                message += f" Still {holds.what(record)}."
+            error = {"what": holds.what(record), "recovery": holds.advice(record)}
+            self._set(
+                record, "partial", message, how=how, restore=result, progress=None, error=error
             )
-            if result["failed"]:
-                reasons = format_reasons(result["failed"])
-                message += f"; {len(result['failed'])} not restored: {reasons}"
-            message += ")."
-        self._set(record, "ready", message, how=how, restore=result, progress=None)
+            metrics.resume_finished("partial", ready.at - started)
+            return
+        self._set(record, "ready", message, how=how, restore=result, progress=None, error=None)
         metrics.resume_finished(how, ready.at - started)
+
+    # -- retention hold after an incomplete restore (see holds.py) ------------------------------
+    async def accept(self, path: str) -> SessionRecord:
+        """The user decides to carry on after an incomplete restore: retention applies again."""
+        record = await self.get(path)
+        async with self._lock(path):
+            if not record.hold:
+                raise Conflict(f"{path} has no incomplete restore to accept: nothing is held")
+            if path in self._tasks:
+                raise Conflict(f"Cannot accept for {path}: a {record.state} is in progress")
+            what = holds.what(record)
+            await holds.release(self.store_for(record), record)
+            record.timeline.add("hold_released", what=what)
+            if record.state == "partial":
+                self._set(
+                    record,
+                    "ready",
+                    "Ready: carrying on without what was not restored (accepted).",
+                    error=None,
+                )
+            else:
+                self._save(record)
+        return record
 
     # -- activity and idle pause -----------------------------------------------------------------
     def note_user_activity(self, path: str) -> None:
         record = self.records.get(path)
         if record is None:
             raise UnknownSession(f"No session for {path!r}")
+        self._note_return(record, record.activity.last_activity)
         record.activity.last_activity = time.time()
+
+    def _note_return(self, record: SessionRecord, idle_since: float | None) -> None:
+        """The user is back: a long idle gap while the kernel held GPUs goes on the timeline
+        (the GPU-hours report's idle-threshold study replays them)."""
+        if record.gpus and record.timeline.add_idle_gap(idle_since) is not None:
+            self._save(record)
 
     async def _monitor_loop(self, interval: float) -> None:
         while True:
@@ -708,7 +858,7 @@ class Orchestrator:
             try:
                 await self.check_idle()
                 if self.policy.max_age_hours > 0:  # age limits expire without any new checkpoint
-                    await asyncio.to_thread(self.gc)
+                    await self.gc()
             except Exception:  # the monitor must survive anything one notebook does
                 log.exception("jupyter_pause: idle check failed")
 
@@ -716,10 +866,11 @@ class Orchestrator:
         """Pause every session idle longer than its policy allows; returns their paths."""
         await self.sync_sessions()
         now = time.time() if now is None else now
-        paused = []
+        running, idle = 0, []
         for record in list(self.records.values()):
             if record.state not in RUNNING_STATES or record.kernel_id is None:
                 continue
+            running += 1
             if record.activity.busy or record.path in self._tasks:
                 continue  # a busy kernel is never auto-paused, however long it runs
             idle_for = now - max(record.activity.last_activity, record.started)
@@ -732,9 +883,17 @@ class Orchestrator:
                 idle_for >= rules.idle_minutes * 60
                 and running_for >= rules.min_running_minutes * 60
             ):
-                with contextlib.suppress(PauseError):
-                    await self.pause(record.path, reason=f"idle for {idle_for / 60:.0f} min")
-                    paused.append(record.path)
+                idle.append((record.path, f"idle for {idle_for / 60:.0f} min"))
+        if self.environment is not None:
+            # The environment (and its GPU) pauses only once every notebook in it is idle.
+            if not idle or len(idle) < running:
+                return []
+            idle = idle[:1]
+        paused = []
+        for path, reason in idle:
+            with contextlib.suppress(PauseError):
+                await self.pause(path, reason=reason)
+                paused.append(path)
         return paused
 
     async def _checkpoint_before_cull(self, record: SessionRecord, idle_for: float) -> None:
@@ -760,25 +919,37 @@ class Orchestrator:
             "accounting": accounting.to_json(),
         }
 
-    def gc(self) -> dict[str, Any]:
-        """Apply the retention policy to every notebook's checkpoints; returns what went."""
-        removed: dict[str, list[int]] = {}
-        freed = 0
-        if not self.store_root.is_dir():
-            return {"removed": removed, "bytes_freed": 0}
-        for folder in sorted(self.store_root.iterdir()):
-            info = folder / "notebook.json"
-            if not info.exists():
-                continue
-            store = store_mod.NotebookStore(self.store_root, json.loads(info.read_text())["key"])
-            before = store.disk_usage()
-            gone = store.apply_retention(
-                self.policy.keep_last, self.policy.max_age_hours * 3600, self.policy.max_bytes
-            )
-            freed += before - store.disk_usage()
-            if gone:
-                removed[store.key] = gone
-        return {"removed": removed, "bytes_freed": freed}
+    async def checkpoints(self, path: str) -> dict[str, Any]:
+        """A notebook's checkpoints, newest last, damaged ones named, and interrupted ones."""
+        store = store_mod.NotebookStore(self.store_root, self.notebook_key(path))
+        listing = await asyncio.to_thread(store_view.list_checkpoints, store)
+        if not listing["checkpoints"] and path not in self.records:
+            raise UnknownSession(f"No session or checkpoints for {path!r}")
+        return {"path": path, **listing}
+
+    async def gc(self) -> dict[str, Any]:
+        """Apply the retention policy to every notebook's checkpoints, off the event loop.
+
+        Concurrent calls share the run in flight; it waits for each notebook's lock (a kernel
+        writing a checkpoint) on a worker thread, never on the server's loop.
+        """
+        if self._collecting is None or self._collecting.done():
+            self._collecting = asyncio.ensure_future(self._collect())
+        return await asyncio.shield(self._collecting)
+
+    async def _collect(self) -> dict[str, Any]:
+        result = await asyncio.to_thread(
+            store_view.collect_all, self.store_root, self.policy, self._path_of
+        )
+        if self.environment is not None:  # the pod snapshots this workspace made, too
+            result["snapshots"] = await self.environment.expire_snapshots()
+        return result
+
+    async def snapshots(self) -> dict[str, Any]:
+        """The pod snapshots of this environment (none where the backend takes none)."""
+        if self.environment is None:
+            return {"snapshots": [], "problem": None}
+        return await self.environment.snapshots()
 
     def metrics_snapshot(self) -> dict[str, Any]:
         """What the Prometheus collector reports at each scrape."""

@@ -45,6 +45,7 @@ class Policy:
     max_bytes: int = 0
     save_unmarked: str = "all"
     direct_io: bool = True
+    snapshots_keep_last: int = 1  # pod snapshots kept per workspace, the pinned one first
     kernelspec_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def for_kernelspec(self, name: str) -> KernelPolicy:

@@ -2,19 +2,27 @@
 
 Every verb is authenticated and authorised like jupyter-server's own handlers; errors are
 JSON ``{"message": ...}`` with 400 (bad input), 403, 404 (unknown notebook or checkpoint)
-and 409 (busy, or conflicting with a pause/resume in flight).
+and 409 (busy, conflicting with a pause/resume in flight, or a store that cannot be used).
+``openapi.json`` (served at ``/jupyter-pause/openapi.json``) is the contract. Answers carry
+paths relative to the server root, and ``<store>/...`` for files of the checkpoint store:
+never the server's absolute paths.
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
+from functools import cache
+from http.client import responses
 from typing import Any
 
 import tornado.web
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
 
 from . import __version__
+from .contract import openapi_document
 from .kernel import store as store_mod
 from .orchestrator import Orchestrator, PauseError
 
@@ -31,6 +39,8 @@ def clean_path(path: str) -> str:
     normalized = posixpath.normpath(path) if path else ""
     if not normalized or normalized == "." or normalized.startswith("../") or normalized == "..":
         raise tornado.web.HTTPError(400, f"Not a notebook path inside the server root: {path!r}")
+    if "\x00" in normalized:  # no file system takes it
+        raise tornado.web.HTTPError(400, f"Not a notebook path (a NUL character): {path!r}")
     return normalized
 
 
@@ -50,10 +60,72 @@ class PauseAPIHandler(APIHandler):
         return self.settings["jupyter_pause_orchestrator"]
 
     async def run(self, coro: Any) -> Any:
+        """Await the orchestrator; what it refuses, or a store it cannot use, is a 4xx."""
         try:
             return await coro
         except PauseError as err:
             raise tornado.web.HTTPError(err.status, str(err)) from None
+        except (store_mod.StoreError, OSError) as err:
+            raise tornado.web.HTTPError(
+                409, f"The checkpoint store cannot be used: {err}"
+            ) from None
+
+    def finish(self, chunk: Any = None, **kwargs: Any) -> Any:
+        if isinstance(chunk, dict):
+            chunk = relative_paths(chunk, self._path_prefixes())
+        return super().finish(chunk, **kwargs)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """``{"message": ...}`` like jupyter-server's API errors, without absolute paths."""
+        error = (kwargs.get("exc_info") or (None, None, None))[1]
+        message = responses.get(status_code, "Unknown HTTP Error")
+        if isinstance(error, tornado.web.HTTPError) and error.log_message:
+            message = error.log_message % error.args  # tornado doubled each % to log it
+        elif error is not None:
+            message = "Unhandled error"
+        self.log.warning("wrote error: %r", message)
+        self.finish({"message": message, "reason": getattr(error, "reason", None)})
+
+    def _path_prefixes(self) -> list[tuple[str, str]]:
+        orchestrator = self.settings.get("jupyter_pause_orchestrator")
+        if orchestrator is None:
+            return []
+        return path_prefixes(str(orchestrator.store_root), orchestrator.root_dir)
+
+
+@cache
+def path_prefixes(store_root: str, root_dir: str) -> list[tuple[str, str]]:
+    """(absolute prefix, what it becomes in an answer), longest first."""
+    pairs = []
+    for resolve in (os.path.abspath, os.path.realpath):
+        pairs.append((resolve(store_root).rstrip(os.sep), "<store>"))
+        pairs.append((resolve(root_dir).rstrip(os.sep) + os.sep, ""))
+    return sorted(set(pairs), key=lambda pair: -len(pair[0]))
+
+
+def relative_paths(value: Any, prefixes: list[tuple[str, str]]) -> Any:
+    """``value`` with the server's absolute paths cut to the root / the store in every string."""
+    if isinstance(value, str):
+        for prefix, replacement in prefixes:
+            if prefix and prefix != os.sep:
+                value = value.replace(prefix, replacement)
+        return value
+    if isinstance(value, dict):
+        return {relative_paths(k, prefixes): relative_paths(v, prefixes) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [relative_paths(v, prefixes) for v in value]
+    return value
+
+
+class OpenAPIHandler(PauseAPIHandler):
+    """``GET /jupyter-pause/openapi.json``: the OpenAPI 3 description of this API."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        document = dict(openapi_document())
+        document["servers"] = [{"url": url_path_join(self.base_url, "/").rstrip("/") or "/"}]
+        self.finish(document)
 
 
 class StatusHandler(PauseAPIHandler):
@@ -69,6 +141,7 @@ class StatusHandler(PauseAPIHandler):
                 "backend": resources.backend,
                 "resources": resources.to_json(),
                 "policy": self.orchestrator.policy.to_json(),
+                "problems": list(self.orchestrator.problems),
             }
         )
 
@@ -79,7 +152,7 @@ class SessionsHandler(PauseAPIHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self) -> None:
-        await self.orchestrator.sync_sessions()
+        await self.run(self.orchestrator.sync_sessions())
         self.finish({"sessions": [r.to_json() for r in self.orchestrator.list()]})
 
 
@@ -141,37 +214,23 @@ class ActivityHandler(PauseAPIHandler):
         self.finish()
 
 
+class AcceptHandler(PauseAPIHandler):
+    """``POST /jupyter-pause/accept/<path>``: carry on after an incomplete restore (200)."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def post(self, path: str) -> None:
+        record = await self.run(self.orchestrator.accept(clean_path(path)))
+        self.finish(record.to_json())
+
+
 class CheckpointsHandler(PauseAPIHandler):
     """``GET /jupyter-pause/checkpoints/<path>``: the notebook's checkpoints, newest last."""
 
     @tornado.web.authenticated
     @authorized
     async def get(self, path: str) -> None:
-        path = clean_path(path)
-        key = self.orchestrator.notebook_key(path)
-        store = store_mod.NotebookStore(self.orchestrator.store_root, key)
-        ids = store.checkpoint_ids()
-        if not ids and path not in self.orchestrator.records:
-            raise tornado.web.HTTPError(404, f"No session or checkpoints for {path!r}")
-        checkpoints = []
-        for checkpoint_id in ids:
-            try:
-                manifest = store.read_manifest(checkpoint_id)
-            except store_mod.StoreError as err:
-                checkpoints.append({"id": checkpoint_id, "damaged": str(err)})
-                continue
-            checkpoints.append(
-                {
-                    "id": checkpoint_id,
-                    "created": manifest["created"],
-                    "reason": manifest.get("reason"),
-                    "bytes": store_mod.manifest_bytes(manifest),
-                    "variables": store_mod.manifest_variables(manifest),
-                    "skipped": manifest["skipped"],
-                }
-            )
-        torn = [vars(t) for t in store.torn_history()] if store.exists() else []
-        self.finish({"path": path, "checkpoints": checkpoints, "interrupted": torn})
+        self.finish(await self.run(self.orchestrator.checkpoints(clean_path(path))))
 
 
 class TimelineHandler(PauseAPIHandler):
@@ -192,7 +251,45 @@ class GCHandler(PauseAPIHandler):
     @tornado.web.authenticated
     @authorized
     async def post(self) -> None:
-        self.finish(self.orchestrator.gc())
+        self.finish(await self.run(self.orchestrator.gc()))
+
+
+class UsageHandler(PauseAPIHandler):
+    """``GET /jupyter-pause/usage``: every notebook's timeline and storage, and the admin's
+    prices (what ``jupyter pause report`` and ``jupyter pause drill`` read)."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        from .usage import sources  # the report's code: loaded when first asked for
+
+        await self.run(self.orchestrator.sync_sessions())
+        prices = self.settings.get("jupyter_pause_prices") or {}
+        listing = await self.run(sources.server_listing(self.orchestrator, prices))
+        self.finish(listing)
+
+
+class SnapshotsHandler(PauseAPIHandler):
+    """``GET /jupyter-pause/snapshots``: the pod snapshots this workspace made, if any."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.finish(await self.run(self.orchestrator.snapshots()))
+
+
+class NotFoundHandler(PauseAPIHandler):
+    """Any other URL below ``/jupyter-pause/``: a JSON 404 naming what exists."""
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        if not self.current_user:
+            raise tornado.web.HTTPError(403)
+        raise tornado.web.HTTPError(
+            404,
+            f"No jupyter_pause endpoint {self.request.path!r} (jupyter_pause {__version__}): "
+            "see /jupyter-pause/openapi.json",
+        )
 
 
 def handlers() -> list[tuple[str, type[PauseAPIHandler]]]:
@@ -205,7 +302,12 @@ def handlers() -> list[tuple[str, type[PauseAPIHandler]]]:
         (f"{base}/pause/{_PATH}", PauseActionHandler),
         (f"{base}/resume/{_PATH}", ResumeActionHandler),
         (f"{base}/activity/{_PATH}", ActivityHandler),
+        (f"{base}/accept/{_PATH}", AcceptHandler),
         (f"{base}/checkpoints/{_PATH}", CheckpointsHandler),
         (f"{base}/timeline/{_PATH}", TimelineHandler),
         (f"{base}/gc", GCHandler),
+        (f"{base}/usage", UsageHandler),
+        (f"{base}/snapshots", SnapshotsHandler),
+        (f"{base}/openapi.json", OpenAPIHandler),
+        (f"{base}(/.*)?", NotFoundHandler),
     ]

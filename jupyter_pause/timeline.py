@@ -18,6 +18,7 @@ EVENT_KINDS = (
     "last_activity",  # end of active work: the last cell run / edit before the pause
     "pause_requested",
     "checkpoint_written",  # data: bytes_written, bytes_total, checkpoint_id
+    "snapshot_taken",  # a pod snapshot of the whole environment (data: name, seconds)
     "kernel_stopped",  # the process (or pod) is gone
     "gpu_released",  # the accelerator is back in the pool (measured where possible)
     "resume_requested",
@@ -25,8 +26,13 @@ EVENT_KINDS = (
     "state_restored",  # data: how (live|files), restored, failed
     "kernel_ready",
     "first_cell_executed",  # the researcher's next cell after the resume
+    "hold_released",  # the user accepted an incomplete restore: retention applies again
+    "idle_gap",  # at: the start of a gap without activity; data: seconds (the user came back)
     "failed",  # data: what, recovery
 )
+
+#: Shorter gaps without activity are not recorded: the shortest idle threshold worth studying.
+IDLE_GAP_MIN_SECONDS = 300.0
 
 
 @dataclass
@@ -52,6 +58,7 @@ class Accounting:
     last_resume_to_ready_seconds: float | None
     last_resume_to_next_cell_seconds: float | None
     bytes_saved: int
+    snapshots: int  # pod snapshots taken (workspace backend)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,6 +82,14 @@ class Timeline:
             del self.events[: len(self.events) - self.limit]
         return event
 
+    def add_idle_gap(self, since: float | None, now: float | None = None) -> Event | None:
+        """The user came back at ``now`` after no activity since ``since``: a gap long enough
+        to matter for an idle policy is recorded (the GPU-hours report replays them)."""
+        now = time.time() if now is None else now
+        if not since or now - since < IDLE_GAP_MIN_SECONDS:
+            return None
+        return self.add("idle_gap", at=since, seconds=now - since)
+
     def last(self, kind: str) -> Event | None:
         for event in reversed(self.events):
             if event.kind == kind:
@@ -94,7 +109,7 @@ class Timeline:
         allocated = released = 0.0
         held_since: float | None = None
         released_since: float | None = None
-        pauses = resumes = bytes_saved = 0
+        pauses = resumes = bytes_saved = snapshots = 0
         last_resume: float | None = None
         ready_latency = next_cell_latency = None
         for event in self.events:
@@ -113,6 +128,8 @@ class Timeline:
                 pauses += 1
             elif event.kind == "checkpoint_written":
                 bytes_saved += int(event.data.get("bytes_written", 0))
+            elif event.kind == "snapshot_taken":
+                snapshots += 1
             elif event.kind == "resume_requested":
                 resumes += 1
                 last_resume = event.at
@@ -134,4 +151,5 @@ class Timeline:
             last_resume_to_ready_seconds=ready_latency,
             last_resume_to_next_cell_seconds=next_cell_latency,
             bytes_saved=bytes_saved,
+            snapshots=snapshots,
         )

@@ -105,6 +105,7 @@ export type SessionState =
   | 'waiting-for-resources'
   | 'restoring'
   | 'ready'
+  | 'partial'
   | 'failed';
 
 /**
@@ -193,11 +194,28 @@ export interface ICheckpointInfo {
 }
 
 /**
+ * What a restore could not bring back, per checkpoint: while it is set no
+ * checkpoint of the notebook is deleted, until the user accepts.
+ */
+export interface IRetentionHold {
+  /**
+   * Checkpoint id -> the names not restored from it, with the reason.
+   */
+  checkpoints: Record<
+    string,
+    { failed: Record<string, string>; since: number }
+  >;
+  /**
+   * Set when the hold record itself could not be read.
+   */
+  unreadable?: string;
+}
+
+/**
  * The JSON answered by `GET /jupyter-pause/sessions/<path>`.
  */
 export interface ISession {
   path: string;
-  key: string;
   state: SessionState;
   message: string;
   /**
@@ -213,6 +231,14 @@ export interface ISession {
   restore: IRestoreResult | null;
   error: ISessionError | null;
   checkpoint: ICheckpointInfo | null;
+  /**
+   * The retention hold after an incomplete restore, or `null`.
+   */
+  hold: IRetentionHold | null;
+  /**
+   * Damaged or unreadable files of this notebook, named.
+   */
+  warnings: string[];
   queue_position: number | null;
   busy: boolean;
   busy_since: number | null;
@@ -268,6 +294,10 @@ export interface IAccounting {
   last_resume_to_ready_seconds: number | null;
   last_resume_to_next_cell_seconds: number | null;
   bytes_saved: number;
+  /**
+   * Pod snapshots taken of the whole workspace (workspace backend).
+   */
+  snapshots?: number;
 }
 
 /**
@@ -406,6 +436,16 @@ export class PauseClient {
    */
   resume(path: string): Promise<ISession> {
     return this._request<ISession>(`resume/${encodePath(path)}`, 'POST');
+  }
+
+  /**
+   * Carry on after an incomplete restore: old checkpoints may be deleted again.
+   *
+   * @param path Notebook path relative to the server root.
+   * @returns The session.
+   */
+  accept(path: string): Promise<ISession> {
+    return this._request<ISession>(`accept/${encodePath(path)}`, 'POST');
   }
 
   /**

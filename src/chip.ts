@@ -9,9 +9,13 @@ import { IPauseView } from './view';
  */
 export interface IChipCommands {
   /**
-   * The command of the chip's action button (a resume).
+   * The command of the chip's resume button (after a failure).
    */
   resume: string;
+  /**
+   * The command of the chip's accept button (after an incomplete restore).
+   */
+  accept: string;
   /**
    * The command run when the chip itself is clicked.
    */
@@ -67,7 +71,10 @@ export class PauseChip extends Widget {
     this._button.type = 'button';
     this._button.addEventListener('click', event => {
       event.stopPropagation();
-      void this._commands.execute(this._ids.resume);
+      const action = this._model.view.action;
+      if (action) {
+        void this._commands.execute(this._ids[action.kind]);
+      }
     });
     this.node.append(dot, label, this._button);
     this._model.changed.connect(this._render, this);

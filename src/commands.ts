@@ -28,6 +28,10 @@ export const CommandIDs = {
    */
   resume: 'jupyter-pause:resume',
   /**
+   * Carry on after an incomplete restore (retention may delete old checkpoints again).
+   */
+  accept: 'jupyter-pause:accept',
+  /**
    * Pause or resume, whichever applies (the toolbar button).
    */
   toggle: 'jupyter-pause:toggle',
@@ -151,6 +155,31 @@ export function addCommands(
     icon: resumeIcon,
     isEnabled: isEnabled(v => v.canResume),
     execute: resume
+  });
+
+  commands.addCommand(CommandIDs.accept, {
+    label: trans.__('Accept Incomplete Restore'),
+    caption: caption(
+      trans.__(
+        'Carry on without what the restore could not bring back; old checkpoints may then be deleted by retention again'
+      )
+    ),
+    describedBy: noArgs,
+    isEnabled: () => !!current()?.session?.hold,
+    execute: async () => {
+      const model = current();
+      if (!model) {
+        return;
+      }
+      try {
+        model.setSession(await manager.client.accept(model.path));
+      } catch (error) {
+        Notification.error(trans.__('Cannot accept: %1', errorMessage(error)), {
+          autoClose: 8000
+        });
+        await model.refresh();
+      }
+    }
   });
 
   commands.addCommand(CommandIDs.toggle, {

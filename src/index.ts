@@ -131,6 +131,7 @@ const plugin: JupyterFrontEndPlugin<PauseManager> = {
         panel =>
           new PauseChip(manager.modelFor(panel), app.commands, {
             resume: CommandIDs.resume,
+            accept: CommandIDs.accept,
             timeline: CommandIDs.timeline
           })
       );

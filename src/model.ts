@@ -370,7 +370,8 @@ export class NotebookPauseModel implements IDisposable {
     const session = this._session;
     if (
       !session ||
-      session.state !== 'ready' ||
+      // A partial restore runs a new kernel too: the notebook must use it.
+      (session.state !== 'ready' && session.state !== 'partial') ||
       !session.kernel_id ||
       this._reconnecting
     ) {

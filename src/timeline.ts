@@ -2,15 +2,27 @@ import { TranslationBundle, nullTranslator } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
 import { IPolicy, IStatus, ITimeline, errorMessage } from './api';
-import { ICycle, cycles, eventLabel } from './cycles';
 import { PauseManager } from './model';
+import {
+  IGpuDay,
+  IPauseBar,
+  PhaseKind,
+  describeEvent,
+  gpuDays,
+  pauseBars,
+  usesGpus
+} from './phases';
 import { formatBytes, formatDuration, sessionView } from './view';
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
 /**
- * How many of the last pauses the chart shows.
+ * How many of the last pauses the Gantt chart shows.
  */
-const CHART_CYCLES = 6;
+const CHART_PAUSES = 6;
+/**
+ * How many days the GPU-hours chart shows.
+ */
+const CHART_DAYS = 21;
 
 function svg(
   tag: string,
@@ -169,27 +181,41 @@ export class TimelinePanel extends Widget {
     header.append(refresh);
 
     const acc = timeline.accounting;
+    const gpu = usesGpus(timeline.events);
     const summary = element('dl', 'jp-JupyterPause-TimelineSummary');
+    const latency = (value: number | null) =>
+      value === null ? '-' : duration(value);
     const facts: [string, string][] = [
       [trans.__('State'), timeline.state],
       [trans.__('Pauses / resumes'), `${acc.pauses} / ${acc.resumes}`],
-      [trans.__('GPU time allocated'), duration(acc.gpu_seconds_allocated)],
-      [trans.__('GPU time active'), duration(acc.gpu_seconds_active)],
-      [trans.__('GPU time released'), duration(acc.gpu_seconds_released)],
+      ...(gpu
+        ? ([
+            [
+              trans.__('GPU time allocated'),
+              duration(acc.gpu_seconds_allocated)
+            ],
+            [trans.__('GPU time active'), duration(acc.gpu_seconds_active)],
+            [trans.__('GPU time released'), duration(acc.gpu_seconds_released)]
+          ] as [string, string][])
+        : [
+            [trans.__('GPU'), trans.__('none (CPU-only session)')] as [
+              string,
+              string
+            ]
+          ]),
       [
         trans.__('Last resume to ready'),
-        acc.last_resume_to_ready_seconds === null
-          ? '-'
-          : duration(acc.last_resume_to_ready_seconds)
+        latency(acc.last_resume_to_ready_seconds)
       ],
       [
         trans.__('Last resume to next cell'),
-        acc.last_resume_to_next_cell_seconds === null
-          ? '-'
-          : duration(acc.last_resume_to_next_cell_seconds)
+        latency(acc.last_resume_to_next_cell_seconds)
       ],
       [trans.__('Bytes saved'), formatBytes(acc.bytes_saved)]
     ];
+    if (acc.snapshots) {
+      facts.push([trans.__('Pod snapshots'), String(acc.snapshots)]);
+    }
     for (const [term, value] of facts) {
       summary.append(element('dt', '', term), element('dd', '', value));
     }
@@ -209,40 +235,51 @@ export class TimelinePanel extends Widget {
     }
 
     const now = Date.now() / 1000;
-    const all = cycles(timeline.events, now);
-    const last = all.slice(-CHART_CYCLES);
+    const bars = pauseBars(timeline.events, now).slice(-CHART_PAUSES);
     const chart = element('section', 'jp-JupyterPause-TimelineChart');
     chart.append(
       element(
         'h3',
         '',
-        trans._n(
-          'Last pause: GPU time',
-          'Last %1 pauses: GPU time',
-          last.length
-        )
+        bars.length
+          ? trans._n('The last pause', 'The last %1 pauses', bars.length)
+          : trans.__('No pause yet')
       )
     );
-    chart.append(gpuChart(last, Math.max(1, acc.gpus), trans));
-    chart.append(element('h3', '', trans.__('Resume to next cell')));
-    chart.append(latencyChart(last, trans));
+    if (bars.length) {
+      chart.append(ganttChart(bars, trans));
+    }
+    if (gpu) {
+      chart.append(
+        element(
+          'h3',
+          '',
+          trans.__('GPU hours per day, last %1 days', CHART_DAYS)
+        )
+      );
+      chart.append(
+        dayChart(gpuDays(timeline.events, now, null, CHART_DAYS), trans)
+      );
+    }
 
     const list = element('ol', 'jp-JupyterPause-TimelineEvents');
+    const when = new Intl.DateTimeFormat(undefined, {
+      month: 'short',
+      day: 'numeric',
+      hour: '2-digit',
+      minute: '2-digit',
+      second: '2-digit'
+    });
     for (const event of [...timeline.events].reverse()) {
       const item = element('li', '');
-      const when = new Date(event.at * 1000).toLocaleString();
       item.append(
-        element('time', 'jp-JupyterPause-TimelineWhen', when),
-        element('span', 'jp-JupyterPause-TimelineKind', eventLabel(event.kind))
+        element(
+          'time',
+          'jp-JupyterPause-TimelineWhen',
+          when.format(new Date(event.at * 1000))
+        ),
+        element('span', 'jp-JupyterPause-TimelineKind', describeEvent(event))
       );
-      const details = Object.entries(event.data || {})
-        .map(
-          ([k, v]) => `${k}: ${typeof v === 'object' ? JSON.stringify(v) : v}`
-        )
-        .join(', ');
-      if (details) {
-        item.append(element('span', 'jp-JupyterPause-TimelineData', details));
-      }
       list.append(item);
     }
     const events = element('section', 'jp-JupyterPause-TimelineList');
@@ -257,10 +294,11 @@ export class TimelinePanel extends Widget {
 
 /** An empty chart of the given size, described for screen readers by ``label``. */
 function chart(width: number, height: number, label: string): SVGElement {
+  // Scales down with a narrow panel (split beside the notebook), never up.
   return svg('svg', {
     class: 'jp-JupyterPause-Chart',
-    width,
-    height,
+    width: '100%',
+    style: `max-width: ${width}px`,
     viewBox: `0 0 ${width} ${height}`,
     role: 'img',
     'aria-label': label
@@ -268,168 +306,196 @@ function chart(width: number, height: number, label: string): SVGElement {
 }
 
 /**
- * The series of the GPU chart: one bar each per pause.
+ * Colours (CSS classes) and legends of the Gantt phases, in their order.
  */
-function gpuSeries(
-  trans: TranslationBundle
-): { key: keyof ICycle; label: string; legend: string; className: string }[] {
+function phaseLegend(trans: TranslationBundle): [PhaseKind, string][] {
   return [
-    {
-      key: 'allocatedSeconds',
-      label: trans.__('allocated'),
-      legend: trans.__('GPU allocated'),
-      className: 'jp-JupyterPause-BarAllocated'
-    },
-    {
-      key: 'activeSeconds',
-      label: trans.__('active'),
-      legend: trans.__('GPU active'),
-      className: 'jp-JupyterPause-BarActive'
-    },
-    {
-      key: 'releasedSeconds',
-      label: trans.__('released'),
-      legend: trans.__('GPU released'),
-      className: 'jp-JupyterPause-BarReleased'
-    }
+    ['active', trans.__('active work')],
+    ['idle', trans.__('idle, GPU held')],
+    ['checkpointing', trans.__('checkpointing')],
+    ['released', trans.__('stopped, GPU released')],
+    ['waiting', trans.__('waiting for resources')],
+    ['restoring', trans.__('restoring')],
+    ['ready', trans.__('ready, until the first cell')]
   ];
 }
 
 /**
- * Grouped horizontal bars: allocated, active and released GPU time per pause.
+ * Each pause as a row of its phases on its own time axis (from the start of
+ * its active work to the first cell after the resume); phases too short to
+ * see get a few pixels, and every phase has a tooltip with its duration.
  */
-function gpuChart(
-  rows: ICycle[],
-  gpus: number,
-  trans: TranslationBundle
-): SVGElement {
-  const bars = gpuSeries(trans);
-  const barHeight = 10;
-  const groupHeight = barHeight * bars.length + 12;
-  const labelWidth = 80;
-  const width = 520;
-  const plot = width - labelWidth - 90;
-  const height = Math.max(1, rows.length) * groupHeight + 24;
+function ganttChart(bars: IPauseBar[], trans: TranslationBundle): SVGElement {
+  const labelWidth = 70;
+  const width = 560;
+  const plot = width - labelWidth - 10;
+  const rowHeight = 34;
+  const legend = phaseLegend(trans);
+  const legendRows = Math.ceil(legend.length / 3);
+  const height = bars.length * rowHeight + legendRows * 18 + 6;
   const root = chart(
     width,
     height,
-    trans.__('GPU time allocated, active and released per pause')
+    trans.__('Phases of each pause, from active work to the first cell')
   );
-  const max = Math.max(
-    1,
-    ...rows.flatMap(row => bars.map(s => (row[s.key] as number) * gpus))
-  );
-  rows.forEach((row, i) => {
-    const top = i * groupHeight;
+  const names = new Map(legend);
+  bars.forEach((bar, i) => {
+    const top = i * rowHeight;
+    const start = bar.phases[0].start;
+    const end = bar.phases[bar.phases.length - 1].end;
+    const span = Math.max(1, end - start);
     root.append(
       svg(
         'text',
-        { x: 0, y: top + groupHeight / 2, class: 'jp-JupyterPause-ChartLabel' },
-        trans.__('Pause %1', row.index)
+        { x: 0, y: top + 14, class: 'jp-JupyterPause-ChartLabel' },
+        trans.__('Pause %1', bar.index)
       )
     );
-    bars.forEach((series, j) => {
-      const value = (row[series.key] as number) * gpus;
-      const y = top + j * barHeight;
+    let x = labelWidth;
+    for (const phase of bar.phases) {
+      const seconds = phase.end - phase.start;
+      const w = Math.max(3, (seconds / span) * plot);
       const rect = svg('rect', {
-        x: labelWidth,
-        y,
-        width: Math.max(1, (value / max) * plot),
-        height: barHeight - 2,
-        class: series.className
+        x,
+        y: top + 4,
+        width: w,
+        height: 14,
+        class: `jp-JupyterPause-Phase jp-JupyterPause-Phase-${phase.kind}`
       });
       rect.append(
         svg(
           'title',
           {},
-          trans.__('%1: %2', series.label, formatDuration(value, trans))
+          trans.__(
+            '%1: %2',
+            names.get(phase.kind),
+            formatDuration(seconds, trans)
+          )
         )
       );
-      root.append(
-        rect,
-        svg(
-          'text',
-          {
-            x: labelWidth + Math.max(1, (value / max) * plot) + 4,
-            y: y + barHeight - 3,
-            class: 'jp-JupyterPause-ChartValue'
-          },
-          formatDuration(value, trans)
+      root.append(rect);
+      x += w;
+    }
+    root.append(
+      svg(
+        'text',
+        { x: labelWidth, y: top + 30, class: 'jp-JupyterPause-ChartValue' },
+        trans.__(
+          '%1, %2 in all',
+          new Date(start * 1000).toLocaleString(),
+          formatDuration(span, trans)
         )
-      );
-    });
+      )
+    );
   });
-  const legendY = height - 6;
-  bars.forEach((series, j) => {
-    const x = labelWidth + j * 110;
+  legend.forEach(([kind, label], j) => {
+    const x = labelWidth + (j % 3) * 165;
+    const y = bars.length * rowHeight + Math.floor(j / 3) * 18 + 12;
     root.append(
       svg('rect', {
         x,
-        y: legendY - 9,
+        y: y - 9,
         width: 10,
         height: 10,
-        class: series.className
+        class: `jp-JupyterPause-Phase jp-JupyterPause-Phase-${kind}`
       }),
-      svg(
-        'text',
-        { x: x + 14, y: legendY, class: 'jp-JupyterPause-ChartLabel' },
-        series.legend
-      )
+      svg('text', { x: x + 14, y, class: 'jp-JupyterPause-ChartLabel' }, label)
     );
   });
   return root;
 }
 
 /**
- * Horizontal bars: seconds from each resume request to the next cell run.
+ * GPU hours allocated (light) and active (dark) per day, the oldest left.
  */
-function latencyChart(rows: ICycle[], trans: TranslationBundle): SVGElement {
-  const barHeight = 14;
-  const labelWidth = 80;
-  const width = 520;
-  const plot = width - labelWidth - 90;
-  const height = Math.max(1, rows.length) * (barHeight + 4) + 4;
+function dayChart(days: IGpuDay[], trans: TranslationBundle): SVGElement {
+  const width = 560;
+  const height = 120;
+  const left = 34;
+  const plotHeight = 80;
+  const step = (width - left) / Math.max(1, days.length);
+  const max = Math.max(1, ...days.map(d => d.allocatedHours));
   const root = chart(
     width,
     height,
-    trans.__('Seconds from each resume to the next cell run')
+    trans.__('GPU hours allocated and active per day')
   );
-  const max = Math.max(1, ...rows.map(row => row.resumeToNextCellSeconds ?? 0));
-  rows.forEach((row, i) => {
-    const y = i * (barHeight + 4);
-    const value = row.resumeToNextCellSeconds;
-    root.append(
-      svg(
-        'text',
-        { x: 0, y: y + barHeight - 3, class: 'jp-JupyterPause-ChartLabel' },
-        trans.__('Pause %1', row.index)
-      )
-    );
-    const w = value === null ? 0 : Math.max(1, (value / max) * plot);
-    if (value !== null) {
+  root.append(
+    svg(
+      'text',
+      { x: 0, y: 10, class: 'jp-JupyterPause-ChartValue' },
+      trans.__('%1 h', max.toFixed(max < 10 ? 1 : 0))
+    ),
+    svg(
+      'text',
+      { x: 0, y: plotHeight, class: 'jp-JupyterPause-ChartValue' },
+      '0'
+    )
+  );
+  days.forEach((day, i) => {
+    const x = left + i * step;
+    const date = new Date(day.day * 1000);
+    for (const [hours, className] of [
+      [day.allocatedHours, 'jp-JupyterPause-BarAllocated'],
+      [day.activeHours, 'jp-JupyterPause-BarActive']
+    ] as [number, string][]) {
+      const h = (hours / max) * plotHeight;
+      const rect = svg('rect', {
+        x: x + 1,
+        y: plotHeight - h,
+        width: Math.max(1, step - 3),
+        height: h,
+        class: className
+      });
+      rect.append(
+        svg(
+          'title',
+          {},
+          trans.__(
+            '%1: %2 GPU h allocated, %3 active',
+            date.toLocaleDateString(),
+            day.allocatedHours.toFixed(1),
+            day.activeHours.toFixed(1)
+          )
+        )
+      );
+      root.append(rect);
+    }
+    if (i % 7 === days.length % 7 || i === days.length - 1) {
       root.append(
-        svg('rect', {
-          x: labelWidth,
-          y,
-          width: w,
-          height: barHeight,
-          class: 'jp-JupyterPause-BarLatency'
-        })
+        svg(
+          'text',
+          { x, y: plotHeight + 14, class: 'jp-JupyterPause-ChartValue' },
+          `${date.getMonth() + 1}/${date.getDate()}`
+        )
       );
     }
-    root.append(
-      svg(
-        'text',
-        {
-          x: labelWidth + w + 4,
-          y: y + barHeight - 3,
-          class: 'jp-JupyterPause-ChartValue'
-        },
-        value === null
-          ? trans.__('no cell run yet')
-          : formatDuration(value, trans)
-      )
-    );
   });
+  root.append(
+    svg('rect', {
+      x: left,
+      y: height - 18,
+      width: 10,
+      height: 10,
+      class: 'jp-JupyterPause-BarAllocated'
+    }),
+    svg(
+      'text',
+      { x: left + 14, y: height - 9, class: 'jp-JupyterPause-ChartLabel' },
+      trans.__('allocated')
+    ),
+    svg('rect', {
+      x: left + 100,
+      y: height - 18,
+      width: 10,
+      height: 10,
+      class: 'jp-JupyterPause-BarActive'
+    }),
+    svg(
+      'text',
+      { x: left + 114, y: height - 9, class: 'jp-JupyterPause-ChartLabel' },
+      trans.__('active')
+    )
+  );
   return root;
 }

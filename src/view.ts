@@ -22,9 +22,9 @@ export type Tone = 'neutral' | 'info' | 'success' | 'warning' | 'error';
  */
 export interface IViewAction {
   /**
-   * What the action does: a pause or a resume.
+   * What the action does: a resume, or accepting an incomplete restore.
    */
-  kind: 'pause' | 'resume';
+  kind: 'resume' | 'accept';
   /**
    * The button text.
    */
@@ -226,6 +226,20 @@ export function sessionView(
   server: ServerAvailability = 'ok',
   trans: TranslationBundle = nullTranslator.load('jupyter_pause')
 ): IPauseView {
+  const view = baseView(session, server, trans);
+  const warnings = session?.warnings ?? [];
+  if (server !== 'ok' || warnings.length === 0) {
+    return view;
+  }
+  const named = warnings.map(w => trans.__('Warning: %1', w));
+  return { ...view, tooltip: [view.tooltip, ...named].join('\n') };
+}
+
+function baseView(
+  session: ISession | null,
+  server: ServerAvailability,
+  trans: TranslationBundle
+): IPauseView {
   if (server === 'missing') {
     return {
       ...UNAVAILABLE,
@@ -380,6 +394,27 @@ export function sessionView(
       };
     case 'ready':
       return { ...base, ...readyView(session, trans) };
+    case 'partial': {
+      const missing = Object.values(session.hold?.checkpoints ?? {}).reduce(
+        (count, held) => count + Object.keys(held.failed || {}).length,
+        0
+      );
+      return {
+        ...base,
+        canPause: true,
+        canCheckpoint: true,
+        label: trans._n(
+          'Restored partially (%1 missing)',
+          'Restored partially (%1 missing)',
+          missing
+        ),
+        tone: 'warning',
+        action: { kind: 'accept', label: trans.__('Accept') },
+        tooltip: [session.message, session.error?.recovery || '']
+          .join('\n')
+          .trim()
+      };
+    }
     case 'failed': {
       const what =
         session.error?.what || session.message || trans.__('unknown error');

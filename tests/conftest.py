@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from .cli_runner import Cli
 from .kernels import Kernel, KernelFactory
-from .servers import Server
+from .servers import Server, pause_server_config
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
@@ -40,16 +43,7 @@ def pause_store(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def jp_server_config(pause_store: Path) -> dict:
-    """jupyter_pause enabled, one GPU to share (set by the admin: no GPU needed here)."""
-    return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_pause": True}},
-        "PauseApp": {
-            "store_root": str(pause_store),
-            "gpu_count": 1,
-            "busy_wait_seconds": 1.0,
-            "monitor_interval_seconds": 3600.0,
-        },
-    }
+    return pause_server_config(pause_store)
 
 
 @pytest.fixture
@@ -77,3 +71,61 @@ def start_kernel(tmp_path: Path, store: Path) -> Iterator[KernelFactory]:
 @pytest.fixture
 def server(jp_fetch: Any, jp_serverapp: Any) -> Server:
     return Server(jp_fetch, jp_serverapp)
+
+
+@pytest.fixture
+def jp(jp_serverapp: Any, jp_http_port: int, jp_base_url: str, jp_runtime_dir: Path) -> Cli:
+    url = f"http://localhost:{jp_http_port}{jp_base_url}"
+    return Cli(url, jp_serverapp.identity_provider.token, jp_runtime_dir)
+
+
+def _mount_tiny(path: Path) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(path)], capture_output=True
+    )
+    return done.returncode == 0
+
+
+@pytest.fixture
+def tiny_store(pause_store: Path) -> Any:
+    if os.geteuid() != 0 or not _mount_tiny(pause_store):
+        pytest.skip("needs permission to mount a small tmpfs to fill up")
+    yield pause_store
+    subprocess.run(["umount", "-l", str(pause_store)], check=False)
+
+
+# -- skips are loud -------------------------------------------------------------------------------
+#: The only skips a run may have and still pass, each with why it is acceptable there.
+#: Any other skip fails the session (set JUPYTER_PAUSE_ALLOW_SKIPS=1 to run a partial suite
+#: on purpose, e.g. without root for the tmpfs tests).
+ALLOWED_SKIPS = {
+    "this filesystem refuses O_DIRECT": (
+        "a store on tmpfs or a network filesystem cannot take O_DIRECT; the page-cache path "
+        "those files then use is tested everywhere"
+    ),
+}
+
+_skips: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and isinstance(report.longrepr, tuple):
+        _skips.append((report.nodeid, str(report.longrepr[2]).removeprefix("Skipped: ")))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.environ.get("JUPYTER_PAUSE_ALLOW_SKIPS") == "1":
+        return
+    unexpected = [
+        (test, why)
+        for test, why in _skips
+        if not any(why.startswith(allowed) for allowed in ALLOWED_SKIPS)
+    ]
+    if unexpected:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_sep("=", "skips that are not allowed (tests/conftest.py ALLOWED_SKIPS)")
+            for test, why in unexpected:
+                reporter.write_line(f"{test}: {why}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -6,10 +6,13 @@ import asyncio
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from tornado.httpclient import HTTPClientError
+
+from . import openapi_contract
 
 
 class Server:
@@ -24,11 +27,20 @@ class Server:
         return self.app.web_app.settings["jupyter_pause_orchestrator"]
 
     async def call(self, method: str, *parts: str, body: Any = None) -> tuple[int, Any]:
+        """One request; its answer (or error) must be one the OpenAPI document describes."""
         kwargs: dict[str, Any] = {"method": method}
         if method != "GET":
             kwargs["body"] = json.dumps(body or {})
-        response = await self.fetch("jupyter-pause", *parts, **kwargs)
-        return response.code, json.loads(response.body) if response.body else None
+        url_path = "/".join(("/jupyter-pause", *parts))
+        try:
+            response = await self.fetch("jupyter-pause", *parts, **kwargs)
+        except HTTPClientError as err:
+            assert err.response is not None
+            openapi_contract.check(method, url_path, err.code, json.loads(err.response.body))
+            raise
+        answer = json.loads(response.body) if response.body else None
+        openapi_contract.check(method, url_path, response.code, answer)
+        return response.code, answer
 
     async def error(self, method: str, *parts: str) -> tuple[int, str]:
         with pytest.raises(HTTPClientError) as info:
@@ -88,3 +100,24 @@ class Server:
                 return record
             assert time.monotonic() < deadline, f"{path} stuck in {record['state']}: {record}"
             await asyncio.sleep(0.1)
+
+
+async def pause_and_wait(server: Server, path: str) -> dict[str, Any]:
+    code, record = await server.call("POST", "pause", path)
+    assert code == 202 and record["state"] == "checkpointing"
+    return await server.wait_state(path, "paused", "active")
+
+
+def pause_server_config(pause_store: Path, **policy: Any) -> dict:
+    """A server with jupyter_pause writing to ``pause_store``; ``policy`` overrides PauseApp's
+    defaults here: one GPU to share (set by the admin: no GPU needed), short busy waits."""
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_pause": True}},
+        "PauseApp": {
+            "store_root": str(pause_store),
+            "gpu_count": 1,
+            "busy_wait_seconds": 1.0,
+            "monitor_interval_seconds": 3600.0,
+            **policy,
+        },
+    }

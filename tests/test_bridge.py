@@ -66,7 +66,11 @@ async def test_cells_and_pause_requests_are_reported() -> None:
             "parent_header": {"session": "browser"},
         },
     )
-    assert events == [("cell", {"execution_count": 7}), ("request", {"action": "pause"})]
+    # the cell says since when the kernel had been idle (here: never active before)
+    assert events == [
+        ("cell", {"execution_count": 7, "idle_since": 0.0}),
+        ("request", {"action": "pause"}),
+    ]
     assert activity.execution_count == 7 and activity.cells_executed == 1
 
 
@@ -93,3 +97,17 @@ def test_timeline_keeps_events_in_time_order_and_sums_gpu_time() -> None:
     assert accounting.gpu_seconds_active == 2 * 30.0
     assert accounting.last_resume_to_ready_seconds == 15.0
     assert accounting.last_resume_to_next_cell_seconds == 60.0
+
+
+def test_only_idle_gaps_long_enough_for_an_idle_policy_are_recorded() -> None:
+    from jupyter_pause.timeline import IDLE_GAP_MIN_SECONDS, Timeline
+
+    timeline = Timeline()
+    # a 4-minute pause between cells is work; a 5-minute one is an idle gap
+    assert timeline.add_idle_gap(1000.0, now=1000.0 + IDLE_GAP_MIN_SECONDS - 60) is None
+    gap = timeline.add_idle_gap(2000.0, now=2000.0 + IDLE_GAP_MIN_SECONDS)
+    assert gap is not None and (gap.kind, gap.at) == ("idle_gap", 2000.0)
+    assert gap.data == {"seconds": IDLE_GAP_MIN_SECONDS}
+    # a kernel never active (no activity time) has no gap to record
+    assert timeline.add_idle_gap(0.0, now=5000.0) is None
+    assert [e.kind for e in timeline.events] == ["idle_gap"]

@@ -6,13 +6,10 @@ a blocking call would stop the very server it talks to.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
 import shutil
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,56 +17,17 @@ import pytest
 
 from jupyter_pause import cli
 
-from .test_server import Server, pause_and_wait
+from .cli_runner import Cli
+from .servers import Server, pause_and_wait
 
 #: A notebook file as JupyterLab writes it (the content is never read; the path matters).
 EMPTY_NOTEBOOK = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
-
-
-class Cli:
-    """Runs ``python -m jupyter_pause.cli`` against the test server."""
-
-    def __init__(self, url: str, token: str, runtime_dir: Path) -> None:
-        self.url = url
-        self.token = token
-        self.runtime_dir = runtime_dir
-
-    async def __call__(
-        self, *args: str, discover: bool = False, cwd: Path | None = None, **env: str
-    ) -> tuple[int, str, str]:
-        """(exit code, stdout, stderr); ``discover`` leaves out --url/--token."""
-        command = list(args)
-        for option, value in (("--url", self.url), ("--token", self.token)):
-            if not discover and option not in command:
-                command += [option, value]
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER_PAUSE_")}
-        environ["JUPYTER_RUNTIME_DIR"] = str(self.runtime_dir)
-        environ.update(env)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "jupyter_pause.cli",
-            *command,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=environ,
-            cwd=cwd,
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), timeout=180)
-        assert proc.returncode is not None
-        return proc.returncode, out.decode(), err.decode()
 
 
 @pytest.fixture
 def server(jp_fetch: Any, jp_serverapp: Any) -> Server:
     """The test server, driven like tests/test_server.py drives it (to set up and check)."""
     return Server(jp_fetch, jp_serverapp)
-
-
-@pytest.fixture
-def jp(jp_serverapp: Any, jp_http_port: int, jp_base_url: str, jp_runtime_dir: Path) -> Cli:
-    url = f"http://localhost:{jp_http_port}{jp_base_url}"
-    return Cli(url, jp_serverapp.identity_provider.token, jp_runtime_dir)
 
 
 def closed_port() -> int:
@@ -198,16 +156,29 @@ async def test_resume_of_a_damaged_checkpoint_says_what_was_not_restored(
     # When it is resumed
     code, out, err = await jp("resume", "damaged.ipynb")
 
-    # Then the kernel is back, and the one line names what was not restored, and why
-    assert code == 0, err
-    assert re.fullmatch(
-        r"Resumed damaged\.ipynb: restored from files \(\d+ variables?; 1 not restored: "
-        r"big \(StoreError: Data file .* is missing: the checkpoint is damaged\.\)\) "
-        r"in [\d.]+ s\n",
-        out,
-    ), out
-    _, ready = await server.call("GET", "sessions", "damaged.ipynb")
-    assert await server.run(ready["kernel_id"], "print('big' in dir())") == "False\n"
+    # Then the kernel is back, but an incomplete restore is no success: exit 1, and the last
+    # line names what was not restored, why, and how to recover
+    assert (code, out) == (1, ""), err
+    last = err.splitlines()[-1]
+    assert re.match(
+        r"jupyter pause: Resume of damaged\.ipynb incomplete: Restored partially from files "
+        r"\(\d+ variables?; 2 not restored: big \(StoreError: Data file <store>/damaged\.ipynb-"
+        r"\w+/packs/\S+ is missing: the checkpoint is damaged\.\), session \(imports, "
+        r"environment, settings\) \(StoreError: Data file .* is missing: the checkpoint is "
+        r"damaged\.\)\)\. ",
+        last,
+    ), last
+    # the session (imports) lives in the same pack: only a whole restore brings it back
+    assert "`%checkpoint restore 1`" in last and "`jupyter pause accept damaged.ipynb`" in last
+    _, record = await server.call("GET", "sessions", "damaged.ipynb")
+    assert record["state"] == "partial" and list(record["hold"]["checkpoints"]) == ["1"]
+    assert await server.run(record["kernel_id"], "print('big' in dir())") == "False\n"
+
+    # And once the user accepts, the session is ready and retention applies again
+    code, out, err = await jp("accept", "damaged.ipynb")
+    assert (code, err) == (0, "") and "carrying on without" in out
+    _, record = await server.call("GET", "sessions", "damaged.ipynb")
+    assert record["state"] == "ready" and record["hold"] is None
 
 
 async def test_a_failed_resume_exits_1_and_says_how_to_recover(server: Server, jp: Cli) -> None:
@@ -253,7 +224,12 @@ async def test_gc_applies_the_retention_policy(server: Server, jp: Cli) -> None:
 
     # And a second run has nothing left to do
     code, out, _ = await jp("gc", "--json")
-    assert code == 0 and json.loads(out) == {"removed": {}, "bytes_freed": 0}
+    assert code == 0 and json.loads(out) == {
+        "removed": {},
+        "bytes_freed": 0,
+        "held": [],
+        "problems": [],
+    }
 
 
 # -- failures and their exit codes ----------------------------------------------------------------
@@ -355,6 +331,11 @@ async def test_the_server_is_found_from_its_runtime_file(
     # Then it found this server and its token
     assert (code, err) == (0, "")
     assert json.loads(out)["server"] == jp_serverapp.connection_url
+
+    # And finding it never imported the server itself (seconds of imports for a typed command)
+    code, _, imports = await jp("status", discover=True, PYTHONPROFILEIMPORTTIME="1")
+    assert code == 0 and "jupyter_core.paths" in imports  # discovery did run
+    assert " jupyter_server" not in imports and " tornado" not in imports
 
 
 async def test_notebook_given_as_a_file_path(

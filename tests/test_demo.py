@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from .cli_runner import Cli
 from .servers import Server
 
 pytest.importorskip("torch")
@@ -29,9 +30,9 @@ async def run_all(server: Server, kernel_id: str, cells: list[str]) -> list[str]
     return [await server.run(kernel_id, cell) for cell in cells]
 
 
-@pytest.mark.parametrize("pause_with", ["toolbar", "magic"])
+@pytest.mark.parametrize("pause_with", ["toolbar", "magic", "cli"])
 async def test_demo_continues_training_after_pause_and_resume(
-    server: Server, jp_root_dir: Path, pause_with: str
+    server: Server, jp: Cli, jp_root_dir: Path, pause_with: str
 ) -> None:
     cells = demo_cells()
     train = training_cell(cells)
@@ -54,8 +55,11 @@ async def test_demo_continues_training_after_pause_and_resume(
     if pause_with == "toolbar":
         code, _record = await server.call("POST", "pause", "paused/demo.ipynb")
         assert code == 202
-    else:
+    elif pause_with == "magic":
         assert "Pause requested" in await server.run(kernel_id, "%pause")
+    else:
+        code, _out, err = await jp("pause", "paused/demo.ipynb")
+        assert code == 0, err
     await server.wait_for("paused/demo.ipynb", lambda record: record["state"] == "paused")
     await server.call("POST", "resume", "paused/demo.ipynb")
     ready: dict[str, Any] = await server.wait_state("paused/demo.ipynb", "ready", "failed")

@@ -476,3 +476,47 @@ def test_pause_without_a_server_and_unloading(start_kernel: KernelFactory) -> No
         " for cb in cbs if 'jupyter_pause' in getattr(cb, '__module__', '')]"
     )
     assert hooks == []
+
+
+def test_views_at_offsets_come_back_with_their_values_and_sharing(
+    start_kernel: KernelFactory,
+) -> None:
+    # Given slices, strided and transposed views of tensors and arrays, at non-zero offsets,
+    # some whose base is no variable of the notebook
+    first = start_kernel()
+    first.ok(
+        """
+%load_ext jupyter_pause
+import numpy as np, torch
+base = torch.arange(10.0)
+middle = base[2:5]
+every_third = base[1::3]
+grid = torch.arange(12.0).reshape(3, 4)
+column = grid.t()[2]
+orphan = torch.arange(100.0)[40:43]
+table = np.arange(20.0).reshape(4, 5)
+window = table[1:3, 2:4]
+stride = table[:, 1]
+lone = np.arange(50.0)[7:10]
+"""
+    )
+    expected = first.value(
+        "[t.tolist() for t in (middle, every_third, column, orphan, window, stride, lone)]"
+    )
+    assert expected[0] == [2.0, 3.0, 4.0] and expected[3] == [40.0, 41.0, 42.0]
+    checkpoint(first)
+
+    # When a new kernel restores, and writes through the views
+    second = start_kernel()
+    second.ok("%load_ext jupyter_pause\n%checkpoint restore")
+    got = second.value(
+        "[t.tolist() for t in (middle, every_third, column, orphan, window, stride, lone)]"
+    )
+    second.ok("middle[0] = -1\nevery_third[1] = -4\ncolumn[1] = -6\nwindow[0, 0] = -7")
+
+    # Then every value is where it was, and each write lands in its base at the right place
+    assert got == expected
+    assert second.value(
+        "[base[2].item(), base[4].item(), grid[1, 2].item(), table[1, 2].item(),"
+        " stride.tolist(), middle.storage_offset(), orphan.storage_offset()]"
+    ) == [-1.0, -4.0, -6.0, -7.0, [1.0, 6.0, 11.0, 16.0], 2, 40]

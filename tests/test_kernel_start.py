@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+from jupyter_pause.kernel_bridge import ACTIVITY_SETTLE_SECONDS
+
 from .kernels import KernelFactory
 from .servers import Server
 
@@ -75,3 +77,32 @@ async def test_reading_state_is_not_activity_but_work_is(server: Server) -> None
     await asyncio.sleep(0.05)
     await server.run(kernel_id, "x = 1")
     assert await _last_activity(server) > after_edit
+
+
+async def test_the_servers_own_kernel_requests_are_not_activity(server: Server) -> None:
+    # Given an idle notebook the server watches, and jupyter-server's idea of its last activity
+    kernel_id = await server.open_notebook("quiet.ipynb")
+    await server.wait_for("quiet.ipynb", lambda r: r["watching"] and r["process_token"])
+    await server.run(kernel_id, "data = list(range(1000))")
+    await server.wait_for("quiet.ipynb", lambda r: not r["busy"])  # the cell's idle has arrived
+    await asyncio.sleep(ACTIVITY_SETTLE_SECONDS + 0.3)
+    before = await _last_activity(server)
+    kernel = server.app.kernel_manager.get_kernel(kernel_id)
+    kernel_before = kernel.last_activity
+
+    # When the server itself checkpoints the idle kernel (before jupyter-server's culler would)
+    server.orchestrator.cull_idle_seconds = 1000.0
+    record = server.orchestrator.records["quiet.ipynb"]
+    quiet_since = max(record.activity.last_activity, record.started)
+    await server.orchestrator.check_idle(now=quiet_since + 900)
+    _, listing = await server.call("GET", "checkpoints", "quiet.ipynb")
+    assert [c["reason"] for c in listing["checkpoints"]] == ["before-cull"]
+    await asyncio.sleep(ACTIVITY_SETTLE_SECONDS + 0.5)
+
+    # Then neither the kernel's nor the server's last activity moved: cullers still see it idle
+    assert kernel.last_activity == kernel_before
+    assert await _last_activity(server) == before
+
+    # But the user's next cell is activity
+    await server.run(kernel_id, "data.append(1)")
+    assert kernel.last_activity > kernel_before

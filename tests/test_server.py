@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tornado.httpclient import HTTPClientError
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
-from .servers import Server
+from jupyter_pause.backends.base import SessionSpec, StopOutcome
+from jupyter_pause.backends.local import LocalBackend
 
-pytest.importorskip("torch")
+from .servers import Server, pause_and_wait
 
 MODEL_CELL = """
 import numpy as np, torch
@@ -28,13 +27,8 @@ loss = model(data).pow(2).mean(); loss.backward(); optimizer.step()
 """
 
 
-async def pause_and_wait(server: Server, path: str) -> dict[str, Any]:
-    code, record = await server.call("POST", "pause", path)
-    assert code == 202 and record["state"] == "checkpointing"
-    return await server.wait_state(path, "paused", "active")
-
-
 async def test_pause_then_resume_restores_the_model_from_files(server: Server) -> None:
+    pytest.importorskip("torch")  # the only test here that needs it: a model on the kernel
     # Given a notebook whose kernel holds a trained model and data
     kernel_id = await server.open_notebook("exp/train.ipynb")
     await server.run(kernel_id, MODEL_CELL)
@@ -295,22 +289,6 @@ async def test_resume_waits_for_a_gpu_first_come_first_served(server: Server) ->
     assert await server.run(ready["kernel_id"], "print(who)") == "a\n"
 
 
-def _mount_tiny(path: Path) -> bool:
-    path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(path)], capture_output=True
-    )
-    return done.returncode == 0
-
-
-@pytest.fixture
-def tiny_store(pause_store: Path) -> Any:
-    if os.geteuid() != 0 or not _mount_tiny(pause_store):
-        pytest.skip("needs permission to mount a small tmpfs to fill up")
-    yield pause_store
-    subprocess.run(["umount", "-l", str(pause_store)], check=False)
-
-
 async def test_full_disk_during_pause_keeps_the_session_running(
     server: Server, tiny_store: Path
 ) -> None:
@@ -343,7 +321,7 @@ async def test_metrics_and_gc(server: Server) -> None:
     assert 'jupyter_pause_pauses_total{outcome="paused"}' in text
     assert 'jupyter_pause_gpu_seconds{kind="released"}' in text
     code, gc = await server.call("POST", "gc")
-    assert code == 200 and gc == {"removed": {}, "bytes_freed": 0}
+    assert code == 200 and gc == {"removed": {}, "bytes_freed": 0, "held": [], "problems": []}
 
 
 async def test_idle_kernels_are_checkpointed_before_the_culler_kills_them(server: Server) -> None:
@@ -442,3 +420,167 @@ async def test_reopening_a_paused_notebook_keeps_it_paused_until_resumed(server:
     assert ready["state"] == "ready" and ready["how"] == "files" and ready["kernel_id"] == fresh
     assert await server.run(fresh, "print(kept)") == "yes\n"
     assert len(server.app.kernel_manager.list_kernel_ids()) == 1
+
+
+async def test_checkpoints_taken_in_the_notebook_are_on_its_timeline(server: Server) -> None:
+    # Given a notebook the server watches and has introduced itself to
+    kernel_id = await server.open_notebook("cells.ipynb")
+    await server.wait_for("cells.ipynb", lambda r: r["watching"] and r["process_token"])
+
+    # When a cell checkpoints, and then the toolbar does
+    await server.run(kernel_id, "x = 1\n%checkpoint")
+    await server.wait_for(
+        "cells.ipynb", lambda r: r["checkpoint"] is not None and r["checkpoint"]["id"] == 1
+    )
+    code, _answer = await server.call("POST", "checkpoint", "cells.ipynb")
+    assert code == 200
+
+    # Then both are on the timeline, each once, with who took it
+    _, timeline = await server.call("GET", "timeline", "cells.ipynb")
+    written = [e["data"] for e in timeline["events"] if e["kind"] == "checkpoint_written"]
+    assert [(d["checkpoint_id"], d["reason"]) for d in written] == [(1, "manual"), (2, "manual")]
+    assert timeline["accounting"]["bytes_saved"] == sum(d["bytes_written"] for d in written)
+
+
+async def test_twenty_resumes_at_once_while_waiting_for_a_gpu_make_one_restore(
+    server: Server, jp_http_port: int, jp_base_url: str, jp_auth_header: dict[str, str]
+) -> None:
+    # Given one GPU: A paused, B holding the GPU
+    a = await server.open_notebook("a.ipynb")
+    await server.run(a, "who = 'a'")
+    await pause_and_wait(server, "a.ipynb")
+    await server.open_notebook("b.ipynb")
+
+    # When 20 resumes of A arrive at the same moment, on 20 connections of their own (the
+    # test server's client would send at most 10 at once), while A must wait for the GPU
+    client = AsyncHTTPClient(force_instance=True, max_clients=32)
+    url = f"http://localhost:{jp_http_port}{jp_base_url}jupyter-pause/resume/a.ipynb"
+    try:
+        answers = await asyncio.gather(
+            *(
+                client.fetch(url, method="POST", body="{}", headers=jp_auth_header)
+                for _ in range(20)
+            )
+        )
+    finally:
+        client.close()
+
+    # Then all joined one resume, waiting once in the queue
+    assert {answer.code for answer in answers} == {202}
+    waiting = await server.wait_state("a.ipynb", "waiting-for-resources")
+    _, status = await server.call("GET", "status")
+    assert status["resources"]["queue"] == ["a.ipynb"] and waiting["queue_position"] == 1
+
+    # And once B is paused, A is restored exactly once, into one kernel
+    await pause_and_wait(server, "b.ipynb")
+    ready = await server.wait_state("a.ipynb", "ready", "failed")
+    assert ready["state"] == "ready", ready
+    _, timeline = await server.call("GET", "timeline", "a.ipynb")
+    kinds = [e["kind"] for e in timeline["events"]]
+    assert kinds.count("resume_requested") == 1 and kinds.count("state_restored") == 1
+    assert server.app.kernel_manager.list_kernel_ids() == [ready["kernel_id"]]
+    assert await server.run(ready["kernel_id"], "print(who)") == "a\n"
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """``name{labels}`` -> value, from a Prometheus text exposition."""
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+async def test_each_metric_moves_by_what_happened(server: Server) -> None:
+    # Given the metrics before anything happens (the registry is shared: read the movement)
+    async def scrape() -> dict[str, float]:
+        return metric_values((await server.fetch("metrics")).body.decode())
+
+    kernel_id = await server.open_notebook("counted.ipynb")
+    await server.run(kernel_id, "import numpy as np\nblock = np.ones(250_000)")
+    before = await scrape()
+
+    # When the notebook is paused once and resumed once
+    paused = await pause_and_wait(server, "counted.ipynb")
+    await server.call("POST", "resume", "counted.ipynb")
+    await server.wait_state("counted.ipynb", "ready")
+    after = await scrape()
+
+    # Then each counter moved by exactly that, and the checkpoint's bytes were counted
+    def moved(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    _, timeline = await server.call("GET", "timeline", "counted.ipynb")
+    written = sum(
+        e["data"]["bytes_written"] for e in timeline["events"] if e["kind"] == "checkpoint_written"
+    )
+    assert paused["state"] == "paused" and written >= 2_000_000
+    assert moved('jupyter_pause_pauses_total{outcome="paused"}') == 1
+    assert moved('jupyter_pause_resumes_total{how="files"}') == 1
+    assert moved("jupyter_pause_checkpoint_bytes_written_total") == written
+    assert moved("jupyter_pause_resume_to_ready_seconds_count") == 1
+    assert moved("jupyter_pause_checkpoint_failures_total") == 0
+    assert after['jupyter_pause_sessions{state="ready"}'] == 1
+
+
+async def test_the_culler_checkpoint_comes_at_80_percent_of_its_timeout(server: Server) -> None:
+    # Given a culler timeout of 1000 s and an idle notebook (the clock is passed in)
+    server.orchestrator.cull_idle_seconds = 1000.0
+    kernel_id = await server.open_notebook("edge.ipynb")
+    await server.watched("edge.ipynb")
+    await server.run(kernel_id, "kept = 1")
+    await server.wait_for("edge.ipynb", lambda r: not r["busy"])  # the cell's idle has arrived
+    record = server.orchestrator.records["edge.ipynb"]
+    quiet_since = max(record.activity.last_activity, record.started)
+
+    async def checkpoints() -> list[str]:
+        _, listing = await server.call("GET", "checkpoints", "edge.ipynb")
+        return [c["reason"] for c in listing["checkpoints"]]
+
+    # When the monitor looks at 79% of the timeout: nothing yet
+    await server.orchestrator.check_idle(now=quiet_since + 790)
+    assert await checkpoints() == []
+    # At 81%: the state is saved before the culler may strike
+    await server.orchestrator.check_idle(now=quiet_since + 810)
+    assert await checkpoints() == ["before-cull"]
+
+
+async def test_young_sessions_are_not_auto_paused(server: Server) -> None:
+    # Given a pause after 1 idle minute, but never within the first 10 minutes of a session
+    policy = server.orchestrator.policy
+    policy.idle_pause_minutes = 1.0
+    policy.min_running_minutes = 10.0
+    policy.kernelspec_overrides = {}
+    kernel_id = await server.open_notebook("young.ipynb")
+    await server.watched("young.ipynb")
+    await server.run(kernel_id, "y = 1")
+    await server.wait_for("young.ipynb", lambda r: not r["busy"])  # the cell's idle has arrived
+    record = server.orchestrator.records["young.ipynb"]
+
+    # When it has been idle 5 minutes, 6 minutes after it started: not paused
+    assert await server.orchestrator.check_idle(now=record.started + 6 * 60) == []
+    # When it has been idle longer, 11 minutes after it started: paused
+    assert await server.orchestrator.check_idle(now=record.started + 11 * 60) == ["young.ipynb"]
+    await server.wait_state("young.ipynb", "paused")
+
+
+class BrokenStopBackend(LocalBackend):
+    """A backend with a bug: stopping raises what it was never meant to."""
+
+    def __init__(self, local: LocalBackend) -> None:
+        super().__init__(local.kernel_manager, local.session_manager, local.pool.total)
+
+    async def stop(self, session: SessionSpec) -> StopOutcome:
+        raise RuntimeError("the platform answered nonsense")
+
+
+async def test_a_backend_bug_never_leaves_a_pause_half_done(server: Server) -> None:
+    server.orchestrator.backend = BrokenStopBackend(server.orchestrator.backend)
+    kernel_id = await server.open_notebook("bug.ipynb")
+    await server.run(kernel_id, "alive = 'yes'")
+    record = await pause_and_wait(server, "bug.ipynb")
+    assert record["state"] == "active", record
+    assert "the platform answered nonsense" in record["message"]
+    assert record["error"]["recovery"].startswith("Nothing was lost.")
+    assert await server.run(kernel_id, "print(alive)") == "yes\n"

@@ -458,3 +458,39 @@ def test_summaries_list_every_group(start_kernel: KernelFactory) -> None:
     assert "environment: working directory" in out and "environment variables (RUN)" in out
     assert "imports: os, np" in out and "settings: " in out
     assert os.environ.get("RUN") is None  # the test process itself is untouched
+
+
+def test_a_tensor_computed_with_autograd_comes_back_detached_and_named(
+    start_kernel: KernelFactory,
+) -> None:
+    # Given an output and a loss computed from a layer (their graph reaches the layer's weights)
+    first = start_kernel()
+    first.ok(
+        """
+%load_ext jupyter_pause
+import torch
+layer = torch.nn.Linear(2, 1)
+output = layer(torch.tensor([[1.0, 2.0]]))
+loss = (output - 1).pow(2).sum()
+leaf = torch.ones(2, requires_grad=True)
+"""
+    )
+    saved = first.ok("%checkpoint")
+    assert "autograd graph not saved: " in saved and "loss (computed by SumBackward0" in saved
+
+    # When a new kernel restores
+    second = start_kernel()
+    out = second.ok("%load_ext jupyter_pause\n%checkpoint restore")
+
+    # Then their values are back, detached, and the summary says so and what to do
+    assert "autograd graph not restored: " in out
+    assert "output (computed by AddmmBackward0; detached after a restore" in out
+    assert second.value(
+        "[output.requires_grad, loss.requires_grad, leaf.requires_grad, "
+        "round(loss.item(), 6) == round(float((output - 1).pow(2).sum()), 6)]"
+    ) == [False, False, True, True]
+    # a backward() through them fails loudly instead of silently missing the layer's weights
+    failed = second.run("loss.backward()")
+    assert failed.error is not None and "does not require grad" in failed.error
+    result = restore(start_kernel())
+    assert set(result["detached"]) == {"output", "loss"} and result["failed"] == {}

@@ -6,6 +6,13 @@ release its accelerators. A resume is: ``request_resources`` (which may wait in 
 then ``restore`` (the same process from a snapshot when possible, else a new process into
 which the orchestrator restores the application checkpoint), and ``release`` when a session
 ends for good. ``describe_resources`` feeds the status API and the metrics.
+
+An ``EnvironmentBackend`` pauses a whole environment instead (a workspace pod: the server and
+every kernel in it): the orchestrator checkpoints every kernel, then the backend snapshots the
+environment where the platform can (``snapshot_environment``) and stops it
+(``stop_environment``). Whether the process that comes back is the one that paused (a live
+restore) or a new one (a cold start, restored from the checkpoints) is proven on return from
+``pod_facts`` and the in-memory tokens, never assumed.
 """
 
 from __future__ import annotations
@@ -109,3 +116,82 @@ class Backend(abc.ABC):
 
     def rename(self, old_path: str, new_path: str) -> None:  # noqa: B027 - optional hook
         """A notebook was renamed while its kernel ran: what it holds moves with it."""
+
+
+@dataclass
+class SnapshotOutcome:
+    """What the platform kept of the environment's memory at a pause."""
+
+    name: str | None  # the snapshot taken; None: the pause goes on with the checkpoints only
+    problem: str | None = None  # why there is no snapshot, in words for the user
+    seconds: float = 0.0
+    # This very process runs in a new environment restored from that snapshot (the platform
+    # resumes a restored process where the snapshot was taken: inside this call).
+    resumed_from_snapshot: bool = False
+
+
+@dataclass
+class EnvironmentFacts:
+    """What the platform says about the environment this process runs in now."""
+
+    instance: str  # changes whenever the environment is recreated (a pod's uid)
+    restored: bool | None  # the platform restored it from a snapshot: True/False, None: unsaid
+    restored_message: str = ""
+    pinned_snapshot: str | None = None  # the snapshot it was created to restore, if pinned
+    waited_seconds: float | None = None  # how long it waited for resources before it started
+
+
+@dataclass
+class SnapshotInfo:
+    name: str
+    created: str  # RFC 3339, as the API server wrote it
+    ready: bool
+    pinned: bool  # the one the next resume restores: never expired
+    trigger: str | None = None
+
+
+PhaseCallback = Callable[[str], None]  # a line saying what the pause waits for now
+
+
+class EnvironmentBackend(Backend):
+    """A backend whose pause stops the whole environment: the server and every kernel."""
+
+    @abc.abstractmethod
+    async def snapshot_environment(self, on_phase: PhaseCallback) -> SnapshotOutcome:
+        """Snapshot the environment's memory where the platform can; never raises for that."""
+
+    @abc.abstractmethod
+    async def stop_environment(self, state: dict[str, Any]) -> None:
+        """Ask the platform to stop the environment (and give its accelerators back).
+
+        ``state`` describes the pause (snapshot, bytes, origin) for whoever looks from
+        outside. Raises BackendError when the platform refuses: nothing stops then.
+        """
+
+    @abc.abstractmethod
+    async def environment_facts(self) -> EnvironmentFacts:
+        """The environment this process runs in, as the platform sees it now."""
+
+    @abc.abstractmethod
+    async def wait_until_moved(self, instance: str) -> EnvironmentFacts:
+        """Return once this process runs in another environment than ``instance``.
+
+        After a pause, the platform either ends the process (SIGTERM) or, where it kept a
+        snapshot of it, brings it back in a new environment: this returns then.
+        """
+
+    @abc.abstractmethod
+    async def announce(self, state: dict[str, Any]) -> None:
+        """Publish the environment's pause/restore state where tools outside can read it."""
+
+    @abc.abstractmethod
+    async def list_snapshots(self) -> list[SnapshotInfo]:
+        """Snapshots this environment made, oldest first (BackendError when unreadable)."""
+
+    @abc.abstractmethod
+    async def expire_snapshots(
+        self, keep_last: int, max_age_hours: float, pinned: str | None
+    ) -> list[str]:
+        """Delete this environment's snapshots beyond ``keep_last`` (``pinned`` counted first,
+        then the newest) or older than ``max_age_hours`` (0: no limit), never ``pinned``;
+        returns their names."""

@@ -29,6 +29,7 @@ from .base import (
     SessionSpec,
     StopOutcome,
 )
+from .kernels import running_kernel, start_kernel
 
 
 def detect_gpus() -> int:
@@ -199,38 +200,19 @@ class LocalBackend(Backend):
         return Allocation(gpus=gpus, granted_at=time.time())
 
     async def restore(self, session: SessionSpec, allocation: Allocation) -> RestoreOutcome:
-        existing = await self._live_session_kernel(session.path)
+        existing = await running_kernel(self.kernel_manager, self.session_manager, session.path)
         if existing is not None:
             # The user already opened the notebook with a new kernel: restore into that one.
             return RestoreOutcome(existing, live=False, details={"reused_kernel": True})
-        env = self.session_manager.get_kernel_env(session.path)
-        env.update({"JUPYTER_PAUSE_NOTEBOOK": session.key, "JPY_SESSION_NAME": session.key})
+        env = {}
         if self.pool.total:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in allocation.gpus)
-        directory = os.path.dirname(session.path)
         try:
-            kernel_id = await self.kernel_manager.start_kernel(
-                path=directory, kernel_name=session.kernel_name, env=env
-            )
-        except Exception as err:  # no such kernelspec, kernel crashed on start, ...
+            kernel_id = await start_kernel(self.kernel_manager, self.session_manager, session, env)
+        except BackendError:
             self.pool.release(session.path)
-            raise BackendError(f"could not start a {session.kernel_name} kernel: {err}") from err
-        await self.session_manager.create_session(
-            path=session.path,
-            name=os.path.basename(session.path),
-            type="notebook",
-            kernel_name=session.kernel_name,
-            kernel_id=kernel_id,
-        )
+            raise
         return RestoreOutcome(kernel_id, live=False)
-
-    async def _live_session_kernel(self, path: str) -> str | None:
-        with contextlib.suppress(Exception):
-            model = await self.session_manager.get_session(path=path)
-            kernel_id = model["kernel"]["id"]
-            if kernel_id in self.kernel_manager:
-                return kernel_id
-        return None
 
     async def release(self, session: SessionSpec) -> None:
         self.pool.release(session.path)

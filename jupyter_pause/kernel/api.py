@@ -65,6 +65,7 @@ class CheckpointResult:
     retired: list[int] = field(default_factory=list)
     session: dict[str, Any] = field(default_factory=dict)  # SessionReport.to_json()
     warnings: list[str] = field(default_factory=list)
+    detached: dict[str, str] = field(default_factory=dict)  # name -> autograd function
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,6 +86,8 @@ class CheckpointResult:
             line += "; skipped: " + format_reasons(self.skipped, "; ")
         if self.session.get("failed"):
             line += "; session not saved: " + format_reasons(self.session["failed"], "; ")
+        if self.detached:
+            line += "; autograd graph not saved: " + _detached_reasons(self.detached)
         if self.torn:
             ids = ", ".join(str(i) for i in self.torn)
             line += f"; found interrupted checkpoint(s) {ids} (kernel died while writing), removed"
@@ -109,6 +112,7 @@ class RestoreResult:
     saved_by_token: str
     same_process: bool
     session: dict[str, Any] = field(default_factory=dict)  # SessionReport.to_json()
+    detached: dict[str, str] = field(default_factory=dict)  # name -> autograd function
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -132,11 +136,24 @@ class RestoreResult:
             line += "; not restored: " + format_reasons(self.failed, "; ")
         if self.session.get("failed"):
             line += "; session not restored: " + format_reasons(self.session["failed"], "; ")
+        if self.detached:
+            line += "; autograd graph not restored: " + _detached_reasons(self.detached)
         if self.not_saved:
             line += "; not in the checkpoint: " + format_reasons(self.not_saved, "; ")
         for warning in self.warnings:
             line += f"\nWarning: {warning}"
         return line
+
+
+def _detached_reasons(detached: dict[str, str]) -> str:
+    return format_reasons(
+        {
+            name: f"computed by {function}; detached after a restore: run the cell that "
+            "computes it again before a backward() through it"
+            for name, function in detached.items()
+        },
+        "; ",
+    )
 
 
 @dataclass
@@ -429,6 +446,7 @@ class Checkpointer(Configurable):
                 "rng": rng[1],
                 "session": {phase: digest for phase, (_data, digest) in session.items()},
                 "skipped": skipped,
+                "detached": {n: f for n, f in capture.detached.items() if n not in skipped},
             }
             writer.commit(manifest)
         except BaseException:
@@ -461,6 +479,7 @@ class Checkpointer(Configurable):
             retired=retired,
             session=session_report.to_json(),
             warnings=capture.warnings,
+            detached=manifest["detached"],
         )
 
     def _storage_versions(self, capture: Any) -> dict[str, dict[str, int | None]]:
@@ -723,6 +742,7 @@ class Checkpointer(Configurable):
             saved_by_token=manifest["process_token"],
             same_process=manifest["process_token"] == process_token(),
             session=session.to_json(),
+            detached={n: f for n, f in manifest.get("detached", {}).items() if n in values},
         )
 
     def _apply_session(
@@ -734,7 +754,8 @@ class Checkpointer(Configurable):
         try:
             states = loader.extra(digest)
         except (RestoreError, store_mod.StoreError) as err:
-            return SessionReport(failed={f"session ({phase} the variables)": str(err)})
+            what = "imports, environment, settings" if phase == "before" else "registered magics"
+            return SessionReport(failed={f"session ({what})": str(err)})
         return apply_session(states, self._session_context([]))
 
     # -- listing and deleting --------------------------------------------------------------------

@@ -248,7 +248,11 @@ class Describer:
             "stride": list(tensor.stride()),
             "dtype": str(tensor.dtype).removeprefix("torch."),
             "device": device,
-            "requires_grad": bool(tensor.requires_grad),
+            # A tensor computed with autograd (``loss``, ``output``) has a graph no process
+            # can carry: it comes back detached, so a backward() through it fails loudly
+            # instead of silently missing the tensors it was computed from.
+            "requires_grad": bool(tensor.requires_grad) and tensor.grad_fn is None,
+            "computed_by": tensor.grad_fn.name() if tensor.grad_fn is not None else None,
             "parameter": isinstance(tensor, torch.nn.Parameter),
             # Lazy conjugate/negative views: same memory, the bit says how to read it.
             "conj": bool(tensor.is_conj()),

@@ -23,6 +23,7 @@ them). The memory written from is the caller's, which keeps it alive until ``fin
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -125,7 +126,11 @@ class DataFileWriter:
             os.close(self.fd)
             self.fd = -1
         if not self._stage.closed:
-            self._stage.close()
+            # After a failed write (a full disk), the traceback being handled still holds
+            # views of the stage: closing it now would replace that error with a BufferError.
+            # The memory goes with the traceback.
+            with contextlib.suppress(BufferError):
+                self._stage.close()
 
     # -- internals --------------------------------------------------------------------------
     def _wait_for_writes(self) -> None:

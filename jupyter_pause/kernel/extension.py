@@ -8,6 +8,7 @@ from typing import Any
 from . import api
 from .magics import CheckpointMagics
 from .schedule import Scheduler
+from .server_calls import request_from_server
 from .session import Baseline
 from .tracking import ChangeTracker
 
@@ -37,6 +38,7 @@ def load(shell: Any) -> api.Checkpointer:
     for event, callback in _cell_hooks(checkpointer):
         shell.events.register(event, callback)
     shell.register_magics(CheckpointMagics(shell, checkpointer))
+    checkpointer.on_checkpoint.append(_announce_to_server)
     shell.configurables.append(checkpointer)  # so `%config Checkpointer.keep_last = 10` works
     setattr(shell, _ATTR, checkpointer)
     api.set_current(checkpointer)
@@ -67,3 +69,16 @@ def _cell_hooks(checkpointer: api.Checkpointer) -> list[tuple[str, Any]]:
         ("post_run_cell", tracker.post_run_cell),
         ("post_run_cell", scheduler.post_run_cell),
     ]
+
+
+def _announce_to_server(result: api.CheckpointResult) -> None:
+    """Every checkpoint goes on the notebook's timeline, also those a cell takes."""
+    request_from_server(
+        "checkpointed",
+        checkpoint_id=result.checkpoint_id,
+        bytes_written=result.bytes_written,
+        bytes_total=result.bytes_total,
+        seconds=result.seconds,
+        skipped=result.skipped,
+        reason=result.reason,
+    )

@@ -260,11 +260,16 @@ def _torch_state(torch: Any) -> dict[str, Any]:
     }
 
 
+def _imported(name: str, needs: str) -> Any:
+    """The library when the notebook imported it: never imported here just to read settings
+    (a half-initialised module, imported while its own import fails, lacks ``needs``)."""
+    module = sys.modules.get(name)
+    return module if module is not None and hasattr(module, needs) else None
+
+
 def _capture_torch(context: SessionContext) -> dict[str, Any] | None:
-    torch = sys.modules.get("torch")
-    if torch is None or not hasattr(torch, "get_default_dtype"):
-        return None
-    return _torch_state(torch)
+    torch = _imported("torch", "get_default_dtype")
+    return None if torch is None else _torch_state(torch)
 
 
 def _apply_torch(state: dict[str, Any], context: SessionContext) -> Outcome:
@@ -286,10 +291,8 @@ def _apply_torch(state: dict[str, Any], context: SessionContext) -> Outcome:
 
 
 def _capture_numpy(context: SessionContext) -> dict[str, Any] | None:
-    numpy = sys.modules.get("numpy")
-    if numpy is None or not hasattr(numpy, "get_printoptions"):
-        return None
-    return {"print": numpy.get_printoptions(), "errors": numpy.geterr()}
+    numpy = _imported("numpy", "get_printoptions")
+    return None if numpy is None else {"print": numpy.get_printoptions(), "errors": numpy.geterr()}
 
 
 def _apply_numpy(state: dict[str, Any], context: SessionContext) -> Outcome:
@@ -331,10 +334,8 @@ def _pandas_changed(pandas: Any) -> dict[str, Any]:
 
 
 def _capture_pandas(context: SessionContext) -> dict[str, Any] | None:
-    pandas = sys.modules.get("pandas")
-    if pandas is None or not hasattr(pandas, "get_option"):
-        return None
-    return _pandas_changed(pandas) or None
+    pandas = _imported("pandas", "get_option")
+    return None if pandas is None else (_pandas_changed(pandas) or None)
 
 
 def _apply_pandas(options: dict[str, Any], context: SessionContext) -> Outcome:
@@ -393,10 +394,8 @@ def _matplotlib_state(matplotlib: Any) -> dict[str, Any]:
 
 
 def _capture_matplotlib(context: SessionContext) -> dict[str, Any] | None:
-    matplotlib = sys.modules.get("matplotlib")
-    if matplotlib is None or not hasattr(matplotlib, "rcParamsOrig"):
-        return None
-    return _matplotlib_state(matplotlib)
+    matplotlib = _imported("matplotlib", "rcParamsOrig")
+    return None if matplotlib is None else _matplotlib_state(matplotlib)
 
 
 def _apply_matplotlib(state: dict[str, Any], context: SessionContext) -> Outcome:

@@ -95,6 +95,8 @@ class Capture:
     skipped: dict[str, str] = field(default_factory=dict)
     types: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # variable -> the autograd function that computed a tensor in it (saved without its graph)
+    detached: dict[str, str] = field(default_factory=dict)
 
 
 # The C pickler saves exact instances of these before it asks reducer_override, so a reference
@@ -417,13 +419,13 @@ class Snapshotter:
             record = previous.get(name)
             if record is not None and clean(name) and self._still_valid(record, values):
                 reused[name] = record
-                self._describe_all(record["arrays"], result)
+                self._describe_all(record["arrays"], result, name)
                 continue
             try:
                 frame = pickle_frame(
                     [name], [value], others, externals, self.keys, containers, self.namespace
                 )
-                self._describe_all(frame[1], result)
+                self._describe_all(frame[1], result, name)
                 if len(frame[0]) <= TRIAL_LOAD_MAX_BYTES:
                     trial_load(frame[0], values, self.keys)
             except Exception as err:  # any failure skips this variable, with why
@@ -513,7 +515,7 @@ class Snapshotter:
     ) -> Frame:
         return Frame(names, data, hash_frame(data), sorted(arrays), sorted(depends), len(data))
 
-    def _describe_all(self, keys: Iterable[str], result: Capture) -> None:
+    def _describe_all(self, keys: Iterable[str], result: Capture, owner: str | None = None) -> None:
         for key in keys:
             if key in result.objects:
                 continue
@@ -522,6 +524,8 @@ class Snapshotter:
             if record is None:  # the pickler only hands out keys of savable buffers
                 raise RuntimeError(f"a {type(obj).__name__} changed while it was being saved")
             result.objects[key] = record
+            if owner is not None and record.get("computed_by"):
+                result.detached.setdefault(owner, record["computed_by"])
             grad = leaf_grad(obj)
             if grad is None:
                 continue

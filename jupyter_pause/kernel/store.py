@@ -8,6 +8,10 @@ Layout of ``<root>/<notebook-slug>-<hash>/``::
     blobs/ab/<hash>        large buffers (tensor storages, array data), one immutable file each
     packs/000007-<r>.pack  small buffers of one checkpoint (pickled frames, small arrays), 64-byte aligned
     tmp/                   files being written; leftovers there are checkpoints that were torn
+    damaged/               manifests that could not be read, moved aside (with why) so they
+                           neither hide the intact checkpoints nor block new ones
+    hold.json              present while retention is held (a restore did not bring everything
+                           back): no checkpoint is deleted until the user decides
 
 Every data file is named by (or indexed by) the xxh3-128 hash of its content and never
 rewritten: a kernel may still have it memory-mapped, so new data always goes to a new file
@@ -53,6 +57,17 @@ _FSYNC_AT_MOST = 4  # more data files than this are flushed with one syncfs
 _MANIFEST_RE = re.compile(r"^(\d{6,})\.json$")
 _TMP_RE = re.compile(r"^(\d{6,})-(\d+)\.")
 _COMPACT_TMP_RE = re.compile(r"^compact-(\d+)\.")
+# A data file a manifest may name: inside blobs/ or packs/, never a way out of the folder.
+_DATA_FILE_RE = re.compile(r"^(blobs/[0-9a-f]{2}/[0-9a-f]+|packs/[A-Za-z0-9._-]+\.pack)$")
+# What loading and collection read from every manifest, and its JSON type.
+_MANIFEST_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "created": (int, float),
+    "process_token": str,
+    "buffers": dict,
+    "frames": list,
+    "skipped": dict,
+}
+_KIND_NAMES = {(int, float): "a number", str: "a string", dict: "an object", list: "a list"}
 
 
 class StoreError(Exception):
@@ -65,6 +80,14 @@ class StoreOwnershipError(StoreError):
 
 class CheckpointNotFound(StoreError):
     """No checkpoint with that id exists for this notebook."""
+
+
+class DamagedCheckpoint(StoreError):
+    """A manifest that is not a readable checkpoint (garbled, or lacking what a restore needs)."""
+
+
+class UnreadableCheckpoint(StoreError):
+    """A manifest this version must not use (another format, someone else's file); kept as is."""
 
 
 @dataclass
@@ -114,8 +137,24 @@ def notebook_folder_name(key: str) -> str:
 
 
 def _ensure_private_dir(path: Path) -> None:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = path.stat()
+    """Create ``path`` and its missing parents owner-only (0700); refuse a folder that is a
+    symbolic link or someone else's, since its permissions are about to be changed."""
+    missing = []
+    parent = path
+    while not os.path.lexists(parent) and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise StoreOwnershipError(
+            f"The checkpoint folder {path} is a symbolic link (to {os.readlink(path)}); refusing "
+            "to use it. Point JUPYTER_PAUSE_STORE (or c.PauseApp.store_root) at the real folder."
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise StoreOwnershipError(f"{path} should be a checkpoint folder but is not a folder.")
     if st.st_uid != os.geteuid():
         raise StoreOwnershipError(
             f"The checkpoint folder {path} belongs to user id {st.st_uid}, not to you "
@@ -168,14 +207,24 @@ def write_private(path: Path, data: bytes) -> None:
 
 def write_file_atomically(path: Path, data: bytes) -> None:
     """temp file + fsync + rename + fsync of the folder: readers see the old or the new file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = open_new_private(tmp)
+    # Only this thread of this process writes this temp name: one that exists is a leftover
+    # of an earlier failure (a full disk), never a write in progress.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        _write_all(fd, memoryview(data))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = open_new_private(tmp)
+    except FileExistsError:
+        tmp.unlink()
+        fd = open_new_private(tmp)
+    try:
+        try:
+            _write_all(fd, memoryview(data))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
 
 
@@ -310,6 +359,86 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def folder_notebook_key(folder: Path) -> str | None:
+    """The notebook a store folder belongs to (its ``notebook.json``); None when it names none.
+
+    Raises ValueError when ``notebook.json`` is there but cannot be read.
+    """
+    info = folder / "notebook.json"
+    try:
+        key = json.loads(info.read_bytes()).get("key")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, AttributeError) as err:
+        raise ValueError(f"{info} is unreadable ({err})") from None
+    if not isinstance(key, str):
+        raise ValueError(f"{info} names no notebook")
+    return key
+
+
+def _numbered(folder: Path) -> list[int]:
+    """Ids of the ``000007.json`` files in a folder, sorted (none when it is missing)."""
+    try:
+        entries = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(int(m.group(1)) for e in entries if (m := _MANIFEST_RE.match(e)))
+
+
+def _read_torn_log(path: Path) -> list[dict[str, Any]] | None:
+    """Valid entries of a torn-checkpoint log; [] when there is none, None when unreadable."""
+    try:
+        entries = json.loads(path.read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entries, list):
+        return None
+    fields = {"checkpoint_id": int, "pid": int, "started": (int, float), "bytes_left": int}
+    return [
+        {name: entry[name] for name in fields}
+        for entry in entries
+        if isinstance(entry, dict)
+        and all(
+            isinstance(entry.get(name), kind) and not isinstance(entry.get(name), bool)
+            for name, kind in fields.items()
+        )
+    ]
+
+
+def manifest_problem(manifest: Any) -> str | None:
+    """What a manifest lacks for loading and collection, or None when it is complete."""
+    if not isinstance(manifest, dict):
+        return "not a JSON object"
+    for name, kind in _MANIFEST_FIELDS.items():
+        value = manifest.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"{name!r} missing or not {_KIND_NAMES[kind]}"
+    for digest, loc in manifest["buffers"].items():
+        if not (
+            isinstance(loc, dict)
+            and isinstance(loc.get("file"), str)
+            and _DATA_FILE_RE.match(loc["file"])
+            and all(
+                isinstance(loc.get(k), int) and not isinstance(loc.get(k), bool) and loc[k] >= 0
+                for k in ("offset", "nbytes")
+            )
+        ):
+            return f"buffer {digest[:16]} has no valid location"
+    for frame in manifest["frames"]:
+        if not (
+            isinstance(frame, dict)
+            and isinstance(frame.get("frame"), str)
+            and isinstance(frame.get("names"), list)
+            and all(isinstance(n, str) for n in frame["names"])
+        ):
+            return "a frame lacks its names or data"
+    if not isinstance(manifest.get("aliases", {}), dict):
+        return "'aliases' is not an object"
+    return None
+
+
 class NotebookStore:
     """The checkpoints of one notebook."""
 
@@ -339,11 +468,16 @@ class NotebookStore:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Serialise writers and collectors (two kernels of one notebook, a kernel and the server)."""
+        """Serialise writers and collectors (two kernels of one notebook, a kernel and the server).
+
+        Whoever takes the lock first moves damaged manifests aside: no reader or writer after
+        it trips over them, and the intact checkpoints stay in view.
+        """
         self.prepare()
         fd = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            self._set_aside_damaged()
             yield
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -351,19 +485,16 @@ class NotebookStore:
 
     # -- manifests ----------------------------------------------------------------------------
     def checkpoint_ids(self) -> list[int]:
-        if not self.manifests_dir.is_dir():
-            return []
-        ids = []
-        for entry in os.listdir(self.manifests_dir):
-            match = _MANIFEST_RE.match(entry)
-            if match:
-                ids.append(int(match.group(1)))
-        return sorted(ids)
+        return _numbered(self.manifests_dir)
 
     def manifest_path(self, checkpoint_id: int) -> Path:
         return self.manifests_dir / f"{checkpoint_id:06d}.json"
 
     def read_manifest(self, checkpoint_id: int) -> dict[str, Any]:
+        """The manifest, checked to hold what loading and collection rely on.
+
+        Raises CheckpointNotFound, DamagedCheckpoint (garbled or incomplete),
+        UnreadableCheckpoint (another format, or a file we must not trust)."""
         path = self.manifest_path(checkpoint_id)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -373,7 +504,10 @@ class NotebookStore:
                 f"No checkpoint {checkpoint_id} for {self.key} (checkpoints: {known})."
             ) from None
         try:
-            _check_owned(fd, path)
+            try:
+                _check_owned(fd, path)
+            except StoreOwnershipError as err:
+                raise UnreadableCheckpoint(str(err)) from None
             with os.fdopen(os.dup(fd), "rb") as handle:
                 raw = handle.read()
         finally:
@@ -381,31 +515,171 @@ class NotebookStore:
         try:
             manifest = json.loads(raw)
         except ValueError as err:
-            raise StoreError(f"Checkpoint {checkpoint_id} is damaged ({path}: {err}).") from None
-        if manifest.get("format") != MANIFEST_FORMAT:
-            raise StoreError(
+            raise DamagedCheckpoint(
+                f"Checkpoint {checkpoint_id} is damaged ({path}: {err})."
+            ) from None
+        if (
+            isinstance(manifest, dict)
+            and manifest.get("format", MANIFEST_FORMAT) != MANIFEST_FORMAT
+        ):
+            raise UnreadableCheckpoint(
                 f"Checkpoint {checkpoint_id} was written in format {manifest.get('format')}, "
                 f"this jupyter_pause reads format {MANIFEST_FORMAT}."
             )
+        problem = manifest_problem(manifest)
+        if problem:
+            raise DamagedCheckpoint(f"Checkpoint {checkpoint_id} is damaged ({path}: {problem}).")
         return manifest
 
+    def scan(self) -> tuple[dict[int, dict[str, Any]], dict[int, StoreError]]:
+        """Every manifest: (id -> manifest for the intact ones, id -> why for the others)."""
+        intact: dict[int, dict[str, Any]] = {}
+        bad: dict[int, StoreError] = {}
+        for checkpoint_id in self.checkpoint_ids():
+            try:
+                intact[checkpoint_id] = self.read_manifest(checkpoint_id)
+            except CheckpointNotFound:
+                continue  # deleted meanwhile
+            except StoreError as err:
+                bad[checkpoint_id] = err
+        return intact, bad
+
     def latest_id(self) -> int | None:
-        ids = self.checkpoint_ids()
-        return ids[-1] if ids else None
+        """The newest checkpoint that can be restored; damaged newer ones are passed over.
+
+        None when there is no checkpoint; when there are some but none can be used, the
+        newest one's error says why (rather than "no checkpoint").
+        """
+        newest_error: StoreError | None = None
+        for checkpoint_id in reversed(self.checkpoint_ids()):
+            try:
+                self.read_manifest(checkpoint_id)
+            except CheckpointNotFound:
+                continue
+            except StoreError as err:
+                newest_error = newest_error or err
+                continue
+            return checkpoint_id
+        if newest_error is not None:
+            raise newest_error
+        return None
 
     def next_id(self) -> int:
-        """One past every id in use, torn ones included, so an id is never reused."""
-        used = self.checkpoint_ids()
+        """One past every id in use, torn and damaged ones included, so an id is never reused."""
+        used = self.checkpoint_ids() + _numbered(self.path / "damaged")
         tmp = self.path / "tmp"
         if tmp.is_dir():
             for entry in os.listdir(tmp):
                 match = _TMP_RE.match(entry)
                 if match:
                     used.append(int(match.group(1)))
-        torn_log = self.path / "torn.json"
-        if torn_log.exists():
-            used.extend(int(entry["checkpoint_id"]) for entry in json.loads(torn_log.read_text()))
+        used.extend(torn.checkpoint_id for torn in self.torn_history())
         return max(used, default=0) + 1
+
+    def _set_aside_damaged(self) -> None:
+        """Move damaged manifests to ``damaged/`` with a note of why (lock held)."""
+        for checkpoint_id in self.checkpoint_ids():
+            try:
+                self.read_manifest(checkpoint_id)
+            except DamagedCheckpoint as err:
+                folder = self.path / "damaged"
+                _ensure_private_dir(folder)
+                name = self.manifest_path(checkpoint_id).name
+                write_private(folder / f"{name}.why", str(err).encode())
+                os.replace(self.manifest_path(checkpoint_id), folder / name)
+                _fsync_dir(self.manifests_dir)
+            except StoreError:
+                continue  # another format or not ours: not damaged, left where it is
+
+    def damaged(self) -> dict[int, str]:
+        """Checkpoints moved aside as damaged, and why."""
+        found = {}
+        for checkpoint_id in _numbered(self.path / "damaged"):
+            note = self.path / "damaged" / f"{checkpoint_id:06d}.json.why"
+            try:
+                found[checkpoint_id] = note.read_text(errors="replace")
+            except OSError:
+                found[checkpoint_id] = "damaged"
+        return found
+
+    # -- retention hold ------------------------------------------------------------------------
+    @property
+    def hold_path(self) -> Path:
+        return self.path / "hold.json"
+
+    def retention_hold(self) -> dict[str, Any] | None:
+        """Why retention is held (a restore that did not bring everything back), or None."""
+        try:
+            hold = json.loads(self.hold_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as err:  # unreadable: keep holding, say why
+            return {"checkpoints": {}, "unreadable": str(err)}
+        if not isinstance(hold, dict) or not isinstance(hold.get("checkpoints"), dict):
+            return {"checkpoints": {}, "unreadable": "not a hold record"}
+        return hold
+
+    def hold_retention(self, checkpoint_id: int, failed: dict[str, Any]) -> dict[str, Any]:
+        """Keep every checkpoint (no retention) until ``release_retention``: checkpoint
+        ``checkpoint_id`` holds what a restore could not bring back (``failed``)."""
+        self.prepare()
+        hold = self.retention_hold() or {"checkpoints": {}}
+        hold.pop("unreadable", None)
+        hold["checkpoints"][str(checkpoint_id)] = {"failed": failed, "since": time.time()}
+        write_file_atomically(self.hold_path, json.dumps(hold).encode())
+        return hold
+
+    def release_retention(self, checkpoint_id: int | None = None) -> None:
+        """End the hold for one checkpoint (restored in full since), or for all (None)."""
+        hold = self.retention_hold()
+        if hold is not None and checkpoint_id is not None:
+            if "unreadable" in hold:
+                return  # what it held is unknown: only the user's decision ends it
+            hold["checkpoints"].pop(str(checkpoint_id), None)
+            if hold["checkpoints"]:
+                write_file_atomically(self.hold_path, json.dumps(hold).encode())
+                return
+        self.hold_path.unlink(missing_ok=True)
+
+    def change_stamp(self) -> tuple[Any, ...]:
+        """Changes whenever a manifest, the hold or the torn log does (names, sizes, times,
+        permissions): a reader may keep what it read from them until then."""
+        stamp: list[Any] = []
+        for folder in (self.manifests_dir, self.path / "damaged"):
+            try:
+                entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                with contextlib.suppress(FileNotFoundError):
+                    st = entry.stat(follow_symlinks=False)
+                    stamp.append((entry.path, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        for path in (self.hold_path, self.path / "torn.json"):
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                st = path.stat()
+                stamp.append((str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        return tuple(stamp)
+
+    def problems(self, bad: dict[int, StoreError] | None = None) -> list[str]:
+        """What is wrong in this folder, one sentence each (empty when nothing is); ``bad``:
+        what ``scan`` found, when the caller already scanned."""
+        found = []
+        if bad is None:
+            _intact, bad = self.scan()
+        for checkpoint_id, err in bad.items():
+            found.append(f"checkpoint {checkpoint_id} cannot be used: {err}")
+        for checkpoint_id, why in self.damaged().items():
+            found.append(
+                f"checkpoint {checkpoint_id} was damaged and moved to "
+                f"{self.path / 'damaged' / f'{checkpoint_id:06d}.json'} ({why})"
+            )
+        torn_log = self.path / "torn.json"
+        if _read_torn_log(torn_log) is None:
+            found.append(f"{torn_log} is unreadable; the log of interrupted checkpoints restarts")
+        hold = self.retention_hold()
+        if hold and "unreadable" in hold:
+            found.append(f"{self.hold_path} is unreadable ({hold['unreadable']}); retention held")
+        return found
 
     # -- torn checkpoints -----------------------------------------------------------------------
     def recover_torn(self) -> list[TornCheckpoint]:
@@ -443,8 +717,8 @@ class NotebookStore:
         return sorted(found.values(), key=lambda t: t.checkpoint_id)
 
     def torn_history_raw(self) -> list[dict[str, Any]]:
-        path = self.path / "torn.json"
-        return json.loads(path.read_text()) if path.exists() else []
+        """The log of torn checkpoints; entries that do not read as one are left out."""
+        return _read_torn_log(self.path / "torn.json") or []
 
     def torn_history(self) -> list[TornCheckpoint]:
         return [TornCheckpoint(**entry) for entry in self.torn_history_raw()]
@@ -597,14 +871,19 @@ class NotebookStore:
     def _retention_locked(
         self, keep_last: int, max_age_seconds: float, max_bytes: int
     ) -> list[int]:
-        ids = self.checkpoint_ids()
+        # Retention decides over the intact checkpoints only: one this version cannot read is
+        # never deleted by it. While a hold is in place (a restore did not bring everything
+        # back) nothing is deleted: older checkpoints may hold data the newer ones lack.
+        if self.retention_hold() is not None:
+            return []
+        manifests, _unreadable = self.scan()
+        ids = sorted(manifests)
         if not ids:
             return []
         newest = ids[-1]
         doomed: set[int] = set()
         if keep_last > 0:
             doomed.update(ids[:-keep_last])
-        manifests = {i: self.read_manifest(i) for i in ids if i not in doomed}
         if max_age_seconds > 0:
             cutoff = time.time() - max_age_seconds
             doomed.update(i for i, m in manifests.items() if m["created"] < cutoff)
@@ -634,12 +913,19 @@ class NotebookStore:
         return sorted(doomed)
 
     def _collect_locked(self) -> int:
-        """Unlink data files no manifest references, compact mostly-dead packs; bytes freed."""
-        manifests = {i: self.read_manifest(i) for i in self.checkpoint_ids()}
+        """Unlink data files no manifest references, compact mostly-dead packs; bytes freed.
+
+        Nothing is collected while a manifest cannot be read (its files are unknown); data a
+        manifest set aside as damaged still names (when it names any) stays with it.
+        """
+        manifests, unreadable = self.scan()
+        if unreadable:
+            return 0
         live: dict[str, int] = {}
         for manifest in manifests.values():
             for loc in manifest["buffers"].values():
                 live[loc["file"]] = live.get(loc["file"], 0)  # referenced, even if empty
+        untouched = self._files_of_damaged()  # neither deleted nor compacted
         spans = {
             (loc["file"], loc["offset"]): loc["nbytes"]
             for manifest in manifests.values()
@@ -654,12 +940,25 @@ class NotebookStore:
                     full = Path(dirpath) / name
                     rel = full.relative_to(self.path).as_posix()
                     size = full.stat().st_size
+                    if rel in untouched:
+                        continue
                     if rel not in live:
                         freed += size
                         full.unlink()
                     elif folder == "packs" and size and live[rel] < COMPACT_BELOW * size:
                         freed += self._compact(rel, manifests) - live[rel]
         return freed
+
+    def _files_of_damaged(self) -> set[str]:
+        """Data files the manifests set aside as damaged still name, where they can be read."""
+        files: set[str] = set()
+        for checkpoint_id in _numbered(self.path / "damaged"):
+            path = self.path / "damaged" / f"{checkpoint_id:06d}.json"
+            with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+                for loc in json.loads(path.read_bytes()).get("buffers").values():
+                    with contextlib.suppress(AttributeError, TypeError):
+                        files.add(str(loc.get("file")))
+        return files
 
     def _compact(self, pack: str, manifests: dict[int, dict[str, Any]]) -> int:
         """Copy a pack's live buffers to a new pack, repoint the manifests, delete the old one.

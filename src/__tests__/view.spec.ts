@@ -13,7 +13,6 @@ import {
 function session(fields: Partial<ISession> = {}): ISession {
   return {
     path: 'work/model.ipynb',
-    key: '/home/u/work/model.ipynb',
     state: 'active',
     message: '',
     since: new Date(2025, 0, 2, 18, 2, 30).getTime() / 1000,
@@ -26,6 +25,8 @@ function session(fields: Partial<ISession> = {}): ISession {
     restore: null,
     error: null,
     checkpoint: null,
+    hold: null,
+    warnings: [],
     queue_position: null,
     busy: false,
     busy_since: null,
@@ -287,6 +288,50 @@ describe('sessionView', () => {
     expect(view.action?.label).toBe('Restore from files');
     expect(view.tooltip).toContain('checkpoint is intact');
     expect(view.canResume).toBe(true);
+  });
+
+  it('partial: what is missing, how to recover, and an Accept action', () => {
+    const view = sessionView(
+      session({
+        state: 'partial',
+        how: 'files',
+        message:
+          'Restored partially from files (0 variables; 2 not restored: data (writable by others), w (writable by others)).',
+        hold: {
+          checkpoints: {
+            '1': {
+              failed: { data: 'writable by others', w: 'writable by others' },
+              since: 1
+            }
+          }
+        },
+        error: {
+          what: 'not restored, and kept: checkpoint 1: data, w',
+          recovery:
+            'No checkpoint of this notebook is deleted until you decide. Run `jupyter pause accept work/model.ipynb`.'
+        }
+      })
+    );
+    expect(view.label).toBe('Restored partially (2 missing)');
+    expect(view.tone).toBe('warning');
+    expect(view.action?.kind).toBe('accept');
+    expect(view.action?.label).toBe('Accept');
+    expect(view.tooltip).toContain('2 not restored: data (writable by others)');
+    expect(view.tooltip).toContain('No checkpoint of this notebook is deleted');
+    expect(view.canPause).toBe(true);
+    expect(view.canResume).toBe(false);
+  });
+
+  it('names damaged files of the notebook in the tooltip', () => {
+    const view = sessionView(
+      session({
+        state: 'paused',
+        warnings: ['checkpoint 2 cannot be used: Checkpoint 2 is damaged']
+      })
+    );
+    expect(view.tooltip).toContain(
+      'Warning: checkpoint 2 cannot be used: Checkpoint 2 is damaged'
+    );
   });
 
   it('no session: nothing to pause', () => {

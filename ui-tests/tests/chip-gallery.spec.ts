@@ -48,6 +48,31 @@ const RESTORE = {
   bytes_read: 3_100_000_000
 };
 
+/** A restore that missed a variable and the imports: retention is held. */
+const PARTIAL = {
+  state: 'partial',
+  how: 'files',
+  restore: { ...RESTORE, failed: { data: 'the data file is damaged' } },
+  message:
+    'Restored partially from files (12 variables; 2 not restored: data (the data file is damaged), import scratch (No module named scratch)).',
+  error: {
+    what: 'checkpoint 3 holds what was not restored',
+    recovery:
+      'No checkpoint of this notebook is deleted until you decide. Fix the cause, then bring the data back in the notebook with `%checkpoint restore 3`; once it is back, or to carry on without it, run `jupyter pause accept gallery.ipynb` (or Accept in JupyterLab).'
+  },
+  hold: {
+    checkpoints: {
+      '3': {
+        failed: {
+          data: 'the data file is damaged',
+          'import scratch': 'No module named scratch'
+        },
+        since: SINCE
+      }
+    }
+  }
+};
+
 const STATES: [string, Record<string, unknown>, RegExp | string][] = [
   ['active', { state: 'active' }, 'Active'],
   [
@@ -91,6 +116,7 @@ const STATES: [string, Record<string, unknown>, RegExp | string][] = [
     { state: 'ready', how: 'files', restore: RESTORE },
     'Ready: restored from files (12 variables; 2 skipped, open socket)'
   ],
+  ['partial', PARTIAL, 'Restored partially (2 missing)'],
   [
     'failed',
     {
@@ -142,6 +168,40 @@ test('chip gallery: every state', async ({ page }) => {
   await resumed;
   await expect(pause.chipLabel).toHaveText('Resuming');
   await expect(pause.chip).toHaveScreenshot('chip-resuming.png');
+});
+
+test('partial restore: Accept lets retention run again', async ({ page }) => {
+  const pause = new PauseHelper(page);
+  let answer: Record<string, unknown> = { ...BASE, ...PARTIAL };
+  await page.route(/\/jupyter-pause\/sessions\//, route =>
+    route.fulfill({
+      status: 200,
+      contentType: 'application/json',
+      body: JSON.stringify({ ...answer, path: 'partial.ipynb' })
+    })
+  );
+  await page.notebook.createNew('partial.ipynb', { kernel: null });
+  await expect(pause.chipLabel).toHaveText('Restored partially (2 missing)');
+  await expect(page.locator(SELECTORS.CHIP_ACTION)).toHaveText('Accept');
+
+  const accepted = page.waitForRequest(
+    request =>
+      request.method() === 'POST' &&
+      request.url().includes('/jupyter-pause/accept/')
+  );
+  await page.route(/\/jupyter-pause\/accept\//, route => {
+    answer = { ...BASE, state: 'ready', how: 'files', restore: RESTORE };
+    return route.fulfill({
+      status: 200,
+      contentType: 'application/json',
+      body: JSON.stringify({ ...answer, path: 'partial.ipynb' })
+    });
+  });
+  await page.locator(SELECTORS.CHIP_ACTION).click();
+  await accepted;
+  await expect(pause.chipLabel).toHaveText(
+    'Ready: restored from files (12 variables; 2 skipped, open socket)'
+  );
 });
 
 test('server extension missing: the chip says so, commands disabled', async ({

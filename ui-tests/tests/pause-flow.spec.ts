@@ -77,7 +77,7 @@ test.describe('pause and resume a notebook', () => {
     );
     const timeline = page.locator(SELECTORS.TIMELINE);
     await expect(timeline).toContainText('Pause requested');
-    await expect(timeline).toContainText('First cell executed');
+    await expect(timeline).toContainText('First cell run after the resume');
     await expect(timeline).toContainText('Admin policy (read-only)');
     await expect(timeline.locator('svg rect').first()).toBeVisible();
   });

@@ -1,0 +1,46 @@
+"""The kernel of a notebook in this jupyter-server: find the one running, or start a new one.
+
+Shared by the backends whose kernels run beside the server (``local``, and ``workspace``,
+where the server and its kernels share one pod).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+from .base import BackendError, SessionSpec
+
+
+async def running_kernel(kernel_manager: Any, session_manager: Any, path: str) -> str | None:
+    """The kernel of the notebook's jupyter-server session, when it runs."""
+    with contextlib.suppress(Exception):
+        model = await session_manager.get_session(path=path)
+        kernel_id = model["kernel"]["id"]
+        if kernel_id in kernel_manager:
+            return kernel_id
+    return None
+
+
+async def start_kernel(
+    kernel_manager: Any, session_manager: Any, session: SessionSpec, env: dict[str, str]
+) -> str:
+    """Start a kernel for the notebook (its session points at it); BackendError if it cannot."""
+    kernel_env = session_manager.get_kernel_env(session.path)
+    kernel_env.update({"JUPYTER_PAUSE_NOTEBOOK": session.key, "JPY_SESSION_NAME": session.key})
+    kernel_env.update(env)
+    try:
+        kernel_id = await kernel_manager.start_kernel(
+            path=os.path.dirname(session.path), kernel_name=session.kernel_name, env=kernel_env
+        )
+    except Exception as err:  # no such kernelspec, kernel crashed on start, ...
+        raise BackendError(f"could not start a {session.kernel_name} kernel: {err}") from err
+    await session_manager.create_session(
+        path=session.path,
+        name=os.path.basename(session.path),
+        type="notebook",
+        kernel_name=session.kernel_name,
+        kernel_id=kernel_id,
+    )
+    return kernel_id

@@ -1,0 +1,83 @@
+"""``--upgrade-check``: after an upgrade or migration, how did the drill notebook come back?
+
+The liveness token (``jupyter_pause.process_token()``) exists only in the memory of the
+process that wrote the checkpoint (its manifest records it): a kernel with the same token is
+that very process, restored live. A kernel with another token either has the drill's model
+back, giving the saved output bit for bit (restored from files), or does not (a new session
+that merely opened the old notebook: nothing came back).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, TextIO
+
+from .. import cli
+from . import notebook
+from .client import DrillError, ServerClient
+from .steps import FOLDER, MAIN
+
+LIVE, FILES, NOT_RESTORED = "live process", "restored from files", "not restored"
+
+
+def check(client: ServerClient, timeout: float, stream: TextIO = sys.stderr) -> dict[str, Any]:
+    """Find out how the drill notebook came back; resumes it first when it is paused."""
+    try:
+        record = client.session(MAIN)
+    except cli.CliError as err:
+        raise DrillError(
+            f"no drill notebook on this server ({err}): run `jupyter pause drill --keep` "
+            "before the upgrade"
+        ) from None
+    result = f"{FOLDER}/{notebook.DATA_DIR}/result.json"
+    saved = client.api("GET", f"contents/{cli.quote_path(result)}?type=file&format=text")
+    expected = json.loads(saved["content"])["digest"]
+    if record["kernel_id"] is None:
+        stream.write(f"{MAIN} is {record['state']}: resuming it, as its user would\n")
+        client.post("resume", cli.quote_path(MAIN))
+        record = _wait(client, timeout)
+        if record["state"] not in ("ready", "partial"):
+            raise DrillError(f"the resume ended {record['state']}: {record['message']}")
+    found = client.run_cell(record["kernel_id"], notebook.LIVENESS, timeout).json_line()
+    written_by = found["written_by"]  # the token of the process that wrote the checkpoint
+    if written_by and found["token"] == written_by:
+        verdict, why = (
+            LIVE,
+            "its liveness token is the one of the process that wrote the checkpoint",
+        )
+    elif found["has_model"] and found.get("digest") == expected:
+        verdict, why = (
+            FILES,
+            (
+                "a new process (another liveness token) whose model, rebuilt from "
+                "the checkpoint, gives the saved output bit for bit"
+            ),
+        )
+    else:
+        verdict, why = (
+            NOT_RESTORED,
+            (
+                "a new session that merely opened the old notebook: "
+                "another liveness token and none of the saved state"
+            ),
+        )
+    return {
+        "verdict": verdict,
+        "why": why,
+        "server_state": record["state"],
+        "server_how": record.get("how"),
+        "token_matches": found["token"] == written_by,
+        "model_back": found["has_model"],
+        "output_identical": found.get("digest") == expected,
+    }
+
+
+def _wait(client: ServerClient, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        record = client.session(MAIN)
+        if record["state"] not in cli.RESUME_IN_FLIGHT or time.monotonic() > deadline:
+            return record
+        time.sleep(0.2)

@@ -1,0 +1,501 @@
+"""Pause and resume of a whole environment (a workspace pod): every notebook in it at once.
+
+Plain asyncio, part of the orchestrator (it drives the same per-notebook transitions), split
+out because the whole-pod story has steps of its own:
+
+* **pause** (any notebook's pause, the idle policy, ``%pause``): checkpoint every running
+  kernel to the home volume, snapshot the pod where the platform can, write what was done
+  (``environment.json`` beside the checkpoints: paused, snapshot, bytes, this process's
+  token), then ask the platform to stop the pod. The process then waits for its fate: the
+  platform ends it (SIGTERM), or brings it back from the snapshot in a new pod.
+* **live** is proven, never assumed: the new pod says it was restored (``PodRestored``), the
+  in-memory token and pause id equal the ones written at the pause, and each kernel's token
+  equals its checkpoint's. Frozen for how long is reported.
+* **cold start** (a new server process in a new pod): every notebook that was paused, or
+  running when the server died, is restored from its checkpoint into a new kernel *at once*
+  (not when its notebook opens: the GPU is back already and the user resumed the workspace
+  to work in it), one after another, and each says why it was not live.
+* **platform stop** (SIGTERM: Kubeflow's idle pause, a node drain, an upgrade): every kernel
+  is checkpointed before the server exits; the timeline says the platform paused it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import metrics
+from .backends.base import BackendError, EnvironmentBackend, EnvironmentFacts, SnapshotOutcome
+from .formatting import format_bytes
+from .kernel import store as store_mod
+from .kernel.token import process_token
+from .records import SessionRecord
+
+if TYPE_CHECKING:
+    from .orchestrator import Orchestrator
+
+log = logging.getLogger(__name__)
+
+#: What the last pause of the environment did, beside the notebooks' folders in the store.
+ENVIRONMENT_FILE = "environment.json"
+#: Seconds the SIGTERM checkpoint may take by default: under Kubernetes' default grace of 30 s.
+PLATFORM_BUDGET_SECONDS = 25.0
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = seconds / 60
+    if minutes < 90:
+        return f"{minutes:.0f} min"
+    return f"{minutes / 60:.1f} h"
+
+
+def cold_start_reason(disk: dict[str, Any], facts: EnvironmentFacts | None, error: str = "") -> str:
+    """Why a new server process restores from files: what the pause and the pod tell."""
+    if disk.get("state") != "paused":
+        return (
+            "the server stopped without a pause (its pod was deleted or its node lost); "
+            "the last checkpoints were restored"
+        )
+    if disk.get("origin") == "platform":
+        return (
+            "the platform stopped the pod (SIGTERM: an idle pause, a node drain or an upgrade) "
+            "after every notebook was checkpointed; no pod snapshot is taken then"
+        )
+    snapshot = disk.get("snapshot")
+    if not snapshot:
+        return f"no pod snapshot was taken at the pause ({disk.get('snapshot_problem') or 'none'})"
+    if facts is None:
+        return f"the pod could not be inspected ({error}), so snapshot {snapshot} is not trusted"
+    if facts.restored is None:
+        return f"the pod started fresh: snapshot {snapshot} was not restored"
+    if facts.restored is False:
+        return f"restoring snapshot {snapshot} failed ({facts.restored_message or 'PodRestored=False'})"
+    return (
+        f"snapshot {snapshot} did not match this pod: the pod says it was restored, but the "
+        "process that paused is not the one running"
+    )
+
+
+class Environment:
+    """The whole-environment pauses of an orchestrator whose backend is an EnvironmentBackend."""
+
+    def __init__(self, orchestrator: Orchestrator, backend: EnvironmentBackend) -> None:
+        self.o = orchestrator
+        self.backend = backend
+        self.file = Path(orchestrator.store_root) / ENVIRONMENT_FILE
+        self.token = process_token()
+        self.pausing: asyncio.Task[None] | None = None  # checkpoints, snapshot, stop request
+        self.waiting: asyncio.Task[None] | None = None  # paused: waiting to be restored or ended
+        self.paused_here: dict[str, Any] | None = None  # the pause this process made, in memory
+        self.restoring: asyncio.Task[None] | None = None
+
+    # -- the state file ---------------------------------------------------------------------------
+    def _read_file(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.file.read_bytes())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as err:
+            log.warning("jupyter_pause: %s is unreadable (%s); treated as no pause", self.file, err)
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _write_file(self, state: dict[str, Any]) -> None:
+        self.file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        store_mod.write_file_atomically(self.file, json.dumps(state, sort_keys=True).encode())
+
+    async def read(self) -> dict[str, Any]:
+        return await asyncio.to_thread(self._read_file)
+
+    async def write(self, state: dict[str, Any]) -> None:
+        await asyncio.to_thread(self._write_file, state)
+
+    def status(self) -> dict[str, Any]:
+        """What ``GET /status`` says about the environment (in its resources' details)."""
+        if self.paused_here is not None:
+            return {"state": "paused", "snapshot": self.paused_here.get("snapshot")}
+        if self.pausing is not None and not self.pausing.done():
+            return {"state": "pausing", "snapshot": None}
+        if self.restoring is not None and not self.restoring.done():
+            return {"state": "restoring", "snapshot": None}
+        return {"state": "running", "snapshot": None}
+
+    # -- pause ------------------------------------------------------------------------------------
+    def running(self) -> list[SessionRecord]:
+        from .orchestrator import RUNNING_STATES
+
+        return sorted(
+            (r for r in self.o.records.values() if r.state in RUNNING_STATES and r.kernel_id),
+            key=lambda r: r.path,
+        )
+
+    async def pause(self, path: str, reason: str, origin: str = "user") -> SessionRecord:
+        """Pause the whole environment because of ``path`` (returns at once; follow states)."""
+        from .orchestrator import Conflict
+
+        record = await self.o.get(path)
+        if self.paused_here is not None or (self.pausing is not None and not self.pausing.done()):
+            raise Conflict(f"Cannot pause {path}: the whole workspace is already pausing or paused")
+        running = self.running()
+        async with contextlib.AsyncExitStack() as locks:
+            for each in running:
+                await locks.enter_async_context(self.o._lock(each.path))
+            if record not in running:
+                self.o._require_running(record, "pause")
+            for each in running:
+                self.o._refuse_if_waiting(each, "pause")
+                self.o._require_running(each, "pause the workspace with")
+            for each in running:
+                await self.o._wait_idle(each, "pause")
+            for each in running:
+                each.timeline.add("last_activity", at=each.activity.last_activity or each.started)
+                each.timeline.add("pause_requested", reason=reason, scope="workspace", by=path)
+                self.o._set(
+                    each, "checkpointing", "Saving the session state.", error=None, how=None
+                )
+            self.pausing = asyncio.create_task(self._run_pause(running, reason, origin))
+            for each in running:
+                self.o._tasks[each.path] = self.pausing
+        return record
+
+    async def _run_pause(self, running: list[SessionRecord], reason: str, origin: str) -> None:
+        from .orchestrator import Conflict
+
+        try:
+            try:
+                facts = await self.backend.environment_facts()
+            except BackendError as err:
+                self._abort(running, f"the workspace cannot be paused: {err}")
+                return
+            for record in running:
+                try:
+                    await self.o._checkpoint(record, reason="pause", then="checkpointing")
+                except Conflict as err:
+                    self._abort(running, f"{record.path} could not be checkpointed: {err}")
+                    return
+            for record in running:
+                self.o._set(
+                    record,
+                    "pausing",
+                    "Taking a pod snapshot.",
+                    progress={"phase": "pod snapshot", "done": 0, "total": 0},
+                )
+
+            def on_phase(text: str) -> None:
+                for record in running:
+                    record.message = text
+                    record.progress = {"phase": text, "done": 0, "total": 0}
+
+            # Chosen before the snapshot: a copy restored from it knows them too.
+            pause_id, at = secrets.token_hex(8), time.time()
+            outcome = await self.backend.snapshot_environment(on_phase)
+            state = self._state(running, reason, origin, facts.instance, outcome, pause_id, at)
+            if outcome.resumed_from_snapshot:
+                # The platform restores a snapshot where it was taken: this is the restored copy.
+                self.paused_here = state
+                await self._after_restore(await self.backend.environment_facts())
+                return
+            await self.write(state)
+            self._mark_paused(running, state, outcome)
+            await self.o.writer.flush()
+            if outcome.name:  # retention: older snapshots go before the pod does
+                await self.expire_snapshots()
+            try:
+                await self.backend.stop_environment(state)
+            except BackendError as err:
+                await self.write({**state, "state": "running"})
+                self._abort(running, f"the workspace could not be paused: {err}")
+                return
+            self.paused_here = state
+            for record in running:
+                record.timeline.add("kernel_stopped", scope="workspace", snapshot=outcome.name)
+                if record.gpus or record.gpus_needed:
+                    record.timeline.add("gpu_released", measured=False, gpus=record.gpus)
+                metrics.pause_finished("paused")
+        except Exception as err:  # a bug must leave the sessions running, and say so
+            log.exception("jupyter_pause: the workspace pause failed")
+            self._abort(running, f"unexpected error ({type(err).__name__}: {err})")
+            return
+        finally:
+            for record in running:
+                if self.o._tasks.get(record.path) is self.pausing:
+                    self.o._tasks.pop(record.path)
+        # Paused: the platform ends this process, or brings it back from the snapshot.
+        self.waiting = asyncio.create_task(self._wait_for_restore(facts.instance))
+
+    def _state(
+        self,
+        running: list[SessionRecord],
+        reason: str,
+        origin: str,
+        instance: str,
+        outcome: SnapshotOutcome,
+        pause_id: str,
+        at: float,
+    ) -> dict[str, Any]:
+        """What ``environment.json`` (and the Workspace's annotation) say about a pause."""
+        return {
+            "state": "paused",
+            "pause_id": pause_id,
+            "origin": origin,
+            "reason": reason,
+            "server_token": self.token,
+            "instance": instance,
+            "snapshot": outcome.name,
+            "snapshot_problem": outcome.problem,
+            "snapshot_seconds": round(outcome.seconds, 3),
+            "notebooks": [r.path for r in running],
+            "bytes": sum(int((r.checkpoint or {}).get("bytes", 0)) for r in running),
+            "paused_at": at,
+        }
+
+    def _mark_paused(
+        self, running: list[SessionRecord], state: dict[str, Any], outcome: SnapshotOutcome
+    ) -> None:
+        when = time.strftime("%H:%M", time.localtime(state["paused_at"]))
+        if outcome.name:
+            snapshot = f"pod snapshot {outcome.name}"
+            for record in running:
+                record.timeline.add("snapshot_taken", name=outcome.name, seconds=outcome.seconds)
+        else:
+            snapshot = f"no pod snapshot: {outcome.problem}"
+        for record in running:
+            saved = format_bytes((record.checkpoint or {}).get("bytes", 0))
+            record.checkpoint = {
+                **(record.checkpoint or {}),
+                **({"snapshot": outcome.name} if outcome.name else {}),
+            }
+            self.o._set(
+                record,
+                "paused",
+                f"Paused since {when} with the whole workspace ({saved} saved; {snapshot}).",
+                progress=None,
+                gpus=[],
+            )
+
+    def _abort(self, running: list[SessionRecord], what: str) -> None:
+        """A pause that cannot finish: every kernel keeps running, each record says why."""
+        for record in running:
+            intact = self.o._intact_text(record.checkpoint)
+            record.timeline.add("failed", what=f"pause: {what}")
+            self.o._set(
+                record,
+                "active",
+                f"Pause failed: {what}. The session keeps running.",
+                progress=None,
+                error={"what": f"pause failed: {what}", "recovery": "Nothing was lost." + intact},
+            )
+            metrics.pause_finished("failed")
+
+    # -- coming back ------------------------------------------------------------------------------
+    async def _wait_for_restore(self, instance: str) -> None:
+        facts = await self.backend.wait_until_moved(instance)
+        await self._after_restore(facts)
+
+    async def _after_restore(self, facts: EnvironmentFacts) -> None:
+        """This process runs again, in a new pod: prove a live restore, or restore from files."""
+        mine = self.paused_here or {}
+        self.paused_here = None
+        disk = await self.read()
+        frozen = time.time() - float(mine.get("paused_at") or time.time())
+        snapshot = mine.get("snapshot")
+        if (
+            facts.restored
+            and disk.get("pause_id") == mine.get("pause_id")
+            and (disk.get("server_token") == self.token)
+        ):
+            note = f"the pod was restored from snapshot {snapshot}, frozen for {format_duration(frozen)}"
+            await self.restore_all(mine.get("notebooks") or [], True, note, facts, frozen)
+            return
+        if not facts.restored:
+            note = (
+                f"this process came back in a new pod that the platform does not say it restored "
+                f"({facts.restored_message or 'no PodRestored=True'}): its memory is not trusted"
+            )
+        else:
+            note = (
+                f"the platform restored snapshot {snapshot}, older than the last pause's "
+                f"({disk.get('snapshot') or 'none'}): the newer checkpoints were restored instead"
+            )
+        # The kernels hold another moment's state: new kernels get the checkpoints.
+        paths = list(
+            dict.fromkeys([*(mine.get("notebooks") or []), *(disk.get("notebooks") or [])])
+        )
+        for path in paths:
+            record = self.o.records.get(path)
+            if record is not None and record.kernel_id in self.o.bridge.kernel_manager:
+                with contextlib.suppress(Exception):
+                    await self.o.bridge.kernel_manager.shutdown_kernel(record.kernel_id)
+        await self.restore_all(paths, False, note, facts, frozen)
+
+    async def on_start(self) -> None:
+        """A new server process: restore what was paused, or running when the last one died."""
+        disk = await self.read()
+        paths = list(disk.get("notebooks") or []) if disk.get("state") == "paused" else []
+        paths += [p for p in self.o.interrupted if p not in paths]
+        paths = [p for p in paths if p in self.o.records]
+        if not paths:
+            if disk.get("state") == "paused":
+                await self.write({**disk, "state": "running"})
+            return
+        facts, error = None, ""
+        try:
+            facts = await self.backend.environment_facts()
+        except BackendError as err:
+            error = str(err)
+        note = "cold start: " + cold_start_reason(disk, facts, error)
+        log.warning("jupyter_pause: %s", note)
+        self.restoring = asyncio.create_task(self.restore_all(paths, False, note, facts, None))
+
+    async def restore_all(
+        self,
+        paths: list[str],
+        trust_live: bool,
+        note: str,
+        facts: EnvironmentFacts | None,
+        frozen: float | None,
+    ) -> None:
+        """Resume each notebook in turn (live where proven), then say how it went outside."""
+        instance = facts.instance if facts else ""
+        with contextlib.suppress(BackendError):
+            await self.backend.announce(
+                {"state": "restoring", "instance": instance, "reason": note, "at": time.time()}
+            )
+        for path in paths:
+            record = self.o.records.get(path)
+            if record is None:
+                continue
+            try:
+                await self.o.resume_for_environment(record, trust_live, note)
+            except Exception:  # one notebook must not stop the others
+                log.exception("jupyter_pause: restoring %s failed", path)
+        states = {p: self.o.records[p].state for p in paths if p in self.o.records}
+        hows = {self.o.records[p].how for p in states}
+        overall = (
+            "ready"
+            if set(states.values()) <= {"ready"}
+            else ("failed" if "failed" in states.values() else "partial")
+        )
+        disk = await self.read()
+        await self.write({**disk, "state": "running"})
+        summary = {
+            "state": overall,
+            "how": "live" if hows == {"live"} else "files",
+            "reason": note,
+            "instance": instance,
+            "notebooks": states,
+            "frozen_seconds": None if frozen is None else round(frozen, 1),
+            "at": time.time(),
+        }
+        try:
+            await self.backend.announce(summary)
+        except BackendError as err:
+            log.warning("jupyter_pause: could not publish the restore's outcome: %s", err)
+
+    # -- snapshot hygiene -------------------------------------------------------------------------
+    async def snapshots(self) -> dict[str, Any]:
+        """The pod snapshots this workspace made, the pinned one (restored next) marked."""
+        pinned = (await self.read()).get("snapshot")
+        try:
+            found = await self.backend.list_snapshots()
+        except BackendError as err:
+            return {"snapshots": [], "problem": str(err)}
+        listed = []
+        for snapshot in found:
+            snapshot.pinned = snapshot.name == pinned
+            listed.append(asdict(snapshot))
+        return {"snapshots": listed, "problem": None}
+
+    async def expire_snapshots(self) -> dict[str, Any]:
+        """Retention for pod snapshots: the pinned one stays, then the newest ``keep_last``."""
+        pinned = (await self.read()).get("snapshot")
+        policy = self.o.policy
+        try:
+            deleted = await self.backend.expire_snapshots(
+                policy.snapshots_keep_last, policy.max_age_hours, pinned
+            )
+        except BackendError as err:
+            return {"deleted": [], "problem": str(err)}
+        return {"deleted": deleted, "problem": None}
+
+    # -- the platform's own stop ------------------------------------------------------------------
+    async def platform_stop(self, budget: float = PLATFORM_BUDGET_SECONDS) -> None:
+        """SIGTERM: checkpoint every running kernel within ``budget`` seconds, then let go."""
+        if self.paused_here is not None:
+            return  # our own pause: the pod goes away as planned
+        deadline = time.monotonic() + budget
+        if self.pausing is not None and not self.pausing.done():
+            with contextlib.suppress(Exception):  # its checkpoints are the ones needed
+                await asyncio.wait_for(asyncio.shield(self.pausing), budget)
+            return
+        with contextlib.suppress(Exception):  # kernels nobody asked about yet count too
+            await asyncio.wait_for(self.o.sync_sessions(), max(0.1, deadline - time.monotonic()))
+        running = [r for r in self.running() if r.path not in self.o._tasks]
+        if not running:
+            return
+        started = time.time()
+        reason = "the platform stopped the pod (SIGTERM)"
+        for record in running:
+            record.timeline.add("last_activity", at=record.activity.last_activity or record.started)
+            record.timeline.add("pause_requested", reason=reason, origin="platform")
+        jobs = {asyncio.ensure_future(self._platform_checkpoint(r)): r for r in running}
+        done, late = await asyncio.wait(jobs, timeout=max(0.0, deadline - time.monotonic()))
+        saved = 0
+        when = time.strftime("%H:%M", time.localtime(started))
+        for job, record in jobs.items():
+            failed = job not in done or job.exception() is not None or not job.result()
+            if not failed:
+                saved += int((record.checkpoint or {}).get("bytes", 0))
+            why = "not saved in time" if job in late else "could not be checkpointed"
+            intact = self.o._intact_text(record.checkpoint)
+            record.timeline.add("kernel_stopped", origin="platform")
+            self.o._set(
+                record,
+                "paused",
+                f"Paused by the platform at {when} (SIGTERM)"
+                + ("." if not failed else f"; the latest state {why}.{intact}"),
+                progress=None,
+                gpus=[],
+            )
+        for job in late:
+            job.cancel()
+        none = SnapshotOutcome(None, "the platform stopped the pod (SIGTERM)")
+        state = self._state(running, reason, "platform", "", none, secrets.token_hex(8), started)
+        state.update(bytes=saved, checkpoint_seconds=round(time.time() - started, 3))
+        await self.write(state)
+        await self.o.writer.flush()
+        log.warning(
+            "jupyter_pause: SIGTERM: %d notebook(s) checkpointed in %.2f s (budget %.0f s)",
+            len(done),
+            time.time() - started,
+            budget,
+        )
+        with contextlib.suppress(BackendError, TimeoutError):
+            await asyncio.wait_for(
+                self.backend.announce(state), max(0.5, deadline - time.monotonic())
+            )
+
+    async def _platform_checkpoint(self, record: SessionRecord) -> bool:
+        """Checkpoint one kernel for a SIGTERM: a running cell would die with the pod anyway,
+        so it is interrupted first (what it computed so far is saved)."""
+        from .orchestrator import Conflict
+
+        if record.activity.busy and record.kernel_id:
+            with contextlib.suppress(Exception):
+                await self.o.bridge.kernel_manager.interrupt_kernel(record.kernel_id)
+            while record.activity.busy:
+                await asyncio.sleep(0.05)
+        try:
+            await self.o._checkpoint(record, reason="pause", then="checkpointing")
+        except Conflict:
+            return False
+        return True

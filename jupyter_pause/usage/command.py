@@ -1,0 +1,64 @@
+"""``jupyter pause report``: read the timelines, print the report, write its folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .. import cli
+from ..kernel.store import default_store_root
+from . import render, report, sources
+
+
+def listing_of(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """(the usage listing, where it came from): the store when asked, else the server, else
+    the default store when no server runs."""
+    if args.store is None:
+        try:
+            server = cli.find_server(args)
+        except cli.CliError as err:
+            if err.code != cli.EXIT_NO_SERVER or args.url:
+                raise
+            print(f"jupyter pause: {err}; reading the store instead", file=sys.stderr)
+        else:
+            return cli.Client(server).get("usage"), f"server {server.url}"
+    store = Path(args.store) if args.store else default_store_root()
+    if not store.is_dir():
+        raise cli.CliError(f"No checkpoint store at {store}", cli.EXIT_USAGE)
+    return sources.listing(store, sources.read_store(store), {}), f"store {store}"
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        since = report.parse_since(args.since) if args.since != "all" else None
+    except ValueError as err:
+        raise cli.CliError(f"--since {err}", cli.EXIT_USAGE) from None
+    listing, source = listing_of(args)
+    prices = {
+        name: value
+        for name, value in (
+            ("gpu_hour", args.gpu_hour_price),
+            ("storage_gb_month", args.storage_gb_month_price),
+        )
+        if value is not None
+    }
+    numbers = report.build(listing, since, args.by, prices)
+    numbers["source"] = source
+    written: list[Path] = []
+    if args.out:
+        folder = Path(args.out)
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            written = render.charts(numbers, folder)
+        except ImportError as err:
+            print(f"jupyter pause: {err}", file=sys.stderr)
+        (folder / "report.json").write_text(json.dumps(numbers, indent=2) + "\n")
+        (folder / "report.md").write_text(render.markdown(numbers, source, written))
+    if args.json:
+        cli.print_json(numbers)
+    else:
+        sys.stdout.write(render.markdown(numbers, source, written))
+    return cli.EXIT_OK

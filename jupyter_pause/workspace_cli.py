@@ -1,0 +1,219 @@
+"""``jupyter pause resume|status --workspace NAMESPACE/NAME``: a Workspace, from outside its pod.
+
+While a workspace is paused there is no server to ask: these commands read the cluster
+instead (a kubeconfig, or the in-cluster service account), with the ``kubernetes`` client,
+imported only here so that the other commands stay fast. What they show:
+
+* the Workspace's ``spec.paused`` and the ``jupyter-pause.io/state`` annotation its server
+  writes (how the last pause went; how the last restore went, for which pod);
+* its pod, found by the ``notebooks.kubeflow.org/workspace-name`` label: ``Pending`` with
+  ``PodScheduled=False``/``Unschedulable`` is ``waiting-for-resources``, with the scheduler's
+  reason and how long the pod has waited.
+
+``resume`` unpauses the Workspace (unless it already is: a second resume joins the first)
+and follows the pod until the server in it reports the restore of every notebook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from .backends.kube import STATE_ANNOTATION, WORKSPACE_LABEL, Kube, KubeError, condition
+from .backends.workspace import epoch, facts_of
+from .cli import (
+    EXIT_CONFLICT,
+    EXIT_FAILED,
+    EXIT_FORBIDDEN,
+    EXIT_NO_SERVER,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    EXIT_UNKNOWN,
+    EXIT_USAGE,
+    CliError,
+    format_duration,
+    format_time,
+    print_json,
+)
+from .formatting import format_bytes
+
+#: KubeError kinds and the exit codes they become.
+KUBE_EXIT_CODES = {
+    "forbidden": EXIT_FORBIDDEN,
+    "unauthorized": EXIT_FORBIDDEN,
+    "not-found": EXIT_UNKNOWN,
+    "unreachable": EXIT_NO_SERVER,
+    "unconfigured": EXIT_NO_SERVER,
+    "missing-crd": EXIT_NO_SERVER,
+    "quota": EXIT_CONFLICT,
+}
+POLL_SECONDS = 0.5
+DONE = ("ready", "partial", "failed")
+
+
+def connect(args: argparse.Namespace) -> tuple[Kube, str, str]:
+    """The cluster (kubeconfig, else in-cluster) and the Workspace's namespace and name."""
+    try:
+        kube = Kube.from_kubeconfig(args.kubeconfig, args.context)
+    except KubeError as err:
+        try:
+            kube = Kube.in_cluster()
+        except KubeError:
+            raise CliError(f"Cannot reach a cluster: {err}", EXIT_NO_SERVER) from None
+    namespace, _, name = args.workspace.rpartition("/")
+    namespace = namespace or kube.namespace or "default"
+    if not name:
+        raise CliError("--workspace takes NAMESPACE/NAME (or NAME)", EXIT_USAGE)
+    return kube, namespace, name
+
+
+def view(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    """The Workspace's state as a session-like record: state, message, and the details."""
+    workspace = kube.get_workspace(namespace, name)
+    paused = bool((workspace.get("spec") or {}).get("paused"))
+    raw = ((workspace.get("metadata") or {}).get("annotations") or {}).get(STATE_ANNOTATION)
+    try:
+        recorded = json.loads(raw) if raw else {}
+    except ValueError:
+        recorded = {}
+    pods = [
+        p
+        for p in kube.list_pods(namespace, f"{WORKSPACE_LABEL}={name}")
+        if not (p.get("metadata") or {}).get("deletionTimestamp")
+    ]
+    pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", default=None)
+    record: dict[str, Any] = {
+        "workspace": f"{namespace}/{name}",
+        "paused": paused,
+        "pod": None if pod is None else pod["metadata"]["name"],
+        "recorded": recorded,
+        "waited_seconds": None,
+    }
+    if paused:
+        if pod is not None:
+            return {**record, "state": "pausing", "message": "The pod is being stopped."}
+        return {**record, "state": "paused", "message": paused_message(recorded)}
+    if pod is None:
+        return {**record, "state": "resuming", "message": "Waiting for the pod to be created."}
+    facts = facts_of(pod)
+    phase = (pod.get("status") or {}).get("phase")
+    scheduled = condition(pod, "PodScheduled") or {}
+    if phase == "Pending" and scheduled.get("reason") == "Unschedulable":
+        waited = time.time() - (epoch(pod["metadata"].get("creationTimestamp")) or time.time())
+        return {
+            **record,
+            "state": "waiting-for-resources",
+            "message": f"Waiting for resources: {scheduled.get('message') or 'unschedulable'}",
+            "waited_seconds": waited,
+        }
+    if phase == "Running" and not recorded:
+        return {**record, "state": "running", "message": "Running; no pause is recorded."}
+    if phase != "Running" or recorded.get("instance") != facts.instance:
+        return {**record, "state": "restoring", "message": "The pod is starting its server."}
+    state = recorded.get("state") or "restoring"
+    return {**record, "state": state, "message": restored_message(recorded)}
+
+
+def paused_message(recorded: dict[str, Any]) -> str:
+    if recorded.get("state") != "paused":
+        return "Paused (not by jupyter_pause: nothing is recorded about it)."
+    snapshot = recorded.get("snapshot")
+    origin = "by the platform (SIGTERM)" if recorded.get("origin") == "platform" else ""
+    detail = (
+        f"pod snapshot {snapshot}"
+        if snapshot
+        else (recorded.get("snapshot_problem") or "no pod snapshot")
+    )
+    return (
+        f"Paused {origin + ' ' if origin else ''}since {format_time(recorded.get('paused_at'))}"
+        f" ({format_bytes(recorded.get('bytes') or 0)} saved; {detail})."
+    )
+
+
+def restored_message(recorded: dict[str, Any]) -> str:
+    state = recorded.get("state")
+    if state == "restoring":
+        return "The server restores the notebooks."
+    notebooks = recorded.get("notebooks") or {}
+    how = "live" if recorded.get("how") == "live" else "from files"
+    counts = ", ".join(f"{path}: {s}" for path, s in sorted(notebooks.items())) or "no notebook"
+    return f"Restored {how} ({counts}): {recorded.get('reason') or ''}".rstrip(": ")
+
+
+def line(record: dict[str, Any]) -> str:
+    text = f"{record['workspace']}: {record['state']} - {record['message']}"
+    if record.get("waited_seconds") is not None:
+        text += f" (waited {format_duration(record['waited_seconds'])})"
+    return text
+
+
+class Follower:
+    """Prints each new state on stderr; a waiting line again every few seconds (its time)."""
+
+    REPEAT_SECONDS = 5.0
+
+    def __init__(self) -> None:
+        self.last: tuple[str, str] = ("", "")
+        self.printed = 0.0
+
+    def show(self, record: dict[str, Any]) -> None:
+        key = (record["state"], record["message"])
+        if key == self.last and time.monotonic() - self.printed < self.REPEAT_SECONDS:
+            return
+        print(line(record), file=sys.stderr, flush=True)
+        self.last, self.printed = key, time.monotonic()
+
+
+def run(args: argparse.Namespace) -> int:
+    """``status`` or ``resume`` with ``--workspace``; KubeErrors become exit codes."""
+    kube, namespace, name = connect(args)
+    try:
+        if args.command == "status":
+            record = view(kube, namespace, name)
+            if args.json:
+                print_json(record)
+            else:
+                print(line(record))
+            return EXIT_OK
+        return resume(kube, namespace, name, args)
+    except KubeError as err:
+        raise CliError(str(err), KUBE_EXIT_CODES.get(err.kind, EXIT_FAILED)) from None
+    finally:
+        kube.close()
+
+
+def resume(kube: Kube, namespace: str, name: str, args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    record = view(kube, namespace, name)
+    if record["paused"]:
+        kube.patch_workspace(namespace, name, {"spec": {"paused": False}})
+    elif record["state"] in (*DONE, "running"):
+        if not args.json:
+            print(f"{record['workspace']} is running: {record['message']}")
+        else:
+            print_json(record)
+        return EXIT_OK if record["state"] in ("ready", "running") else EXIT_FAILED
+    # else: a resume is in flight (someone else's): join it
+    follower = Follower()
+    deadline = None if args.timeout is None else started + args.timeout
+    while True:
+        record = view(kube, namespace, name)
+        follower.show(record)
+        if record["state"] in DONE:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            raise CliError(
+                f"Timed out after {args.timeout:g} s: {record['workspace']} is "
+                f"{record['state']} ({record['message']}); it carries on",
+                EXIT_TIMEOUT,
+            )
+        time.sleep(POLL_SECONDS)
+    if args.json:
+        print_json(record)
+    else:
+        took = format_duration(time.monotonic() - started)
+        print(f"Resumed {record['workspace']} in {took}: {record['message']}")
+    return EXIT_OK if record["state"] == "ready" else EXIT_FAILED

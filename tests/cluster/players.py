@@ -1,0 +1,692 @@
+"""The parts of a cluster the test API server lacks, played by the tests against it.
+
+There is no controller-manager, scheduler, kubelet, Kubeflow Workspace controller or GKE
+snapshot agent. ``PlayedCluster`` plays each of them on the real API objects, in one
+background thread that reconciles every 50 ms:
+
+* **Workspace controller**: ``spec.paused`` true -> the pod is deleted; false -> a pod is
+  created from the Workspace (its ``podTemplate.podMetadata``, the snapshot pin included).
+* **scheduler**: a pending pod fits when the node has its GPUs free, else it stays
+  ``Pending`` with ``PodScheduled=False``, reason ``Unschedulable``.
+* **kubelet**: a scheduled pod becomes a real ``jupyter server`` process on this machine with
+  the pod's environment (``POD_NAME``, ``KUBERNETES_SERVICE_HOST``...) and a service-account
+  token from the TokenRequest API; deleting the pod sends it SIGTERM, then SIGKILL after the
+  grace period.
+* **GKE snapshot agent**: a ``PodSnapshotManualTrigger`` makes a ``PodSnapshot``; a pod is
+  "snapshotted" by keeping its processes: when it is deleted they are frozen (SIGSTOP)
+  instead of ended, and a pod created with ``podsnapshot.gke.io/ps-name`` naming that
+  snapshot thaws them (SIGCONT) with ``PodRestored=True``: a live restore. ``restore_mode``
+  plays the failures: a snapshot that does not match (a cold start with ``PodRestored=False``)
+  or a silent cold start (no condition at all).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .control_plane import AUDIENCE, ControlPlane, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+WORKSPACE_LABEL = "notebooks.kubeflow.org/workspace-name"
+PIN_ANNOTATION = "podsnapshot.gke.io/ps-name"
+MERGE = "application/merge-patch+json"
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def wait_for(check: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class PodProcess:
+    """One incarnation of a workspace's pod: a real jupyter server (and its kernels)."""
+
+    pod_uid: str
+    process: subprocess.Popen[bytes]
+    port: int
+    token: str
+    workdir: Path  # ephemeral: runtime dir, service-account files (the pod's own disk)
+    log: Path
+    frozen: bool = False
+    exit_seconds: float | None = None  # SIGTERM to exit, when it was stopped
+    stopped: threading.Event = field(default_factory=threading.Event)  # the kubelet is done
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.process.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def freeze(self) -> None:
+        for proc in self.tree():
+            proc.suspend()
+        self.frozen = True
+
+    def thaw(self) -> None:
+        for proc in self.tree():
+            proc.resume()
+        self.frozen = False
+
+    def kill(self) -> None:
+        for proc in self.tree():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        self.process.wait()
+
+    def terminate(self, grace: float) -> None:
+        """The kubelet's stop: SIGTERM to the container's process, SIGKILL after ``grace``."""
+        kernels = self.tree()[1:]
+        started = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=grace)
+            self.exit_seconds = time.monotonic() - started
+        except subprocess.TimeoutExpired:
+            self.exit_seconds = None
+        for proc in [*self.tree(), *kernels]:  # the container's end takes every process along
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        self.process.wait()
+        self.stopped.set()
+
+
+@dataclass
+class Snapshot:
+    name: str
+    pod_uid: str
+    trigger: str
+    holds: PodProcess | None = None  # the frozen processes this snapshot "contains"
+
+
+@dataclass
+class WorkspacePlay:
+    """What the players know of one Workspace: its home volume and its pods' processes."""
+
+    namespace: str
+    name: str
+    home: Path  # the PVC: outlives every pod
+    service_account: str
+    gpus: int = 1
+    grace_seconds: float = 30.0  # the pod's terminationGracePeriodSeconds
+    api_port: int | None = None  # where its pods find the API server (None: the real one)
+    extra_config: str = ""  # more jupyter_server_config.py lines for its pods
+    pods_created: int = 0
+    current: PodProcess | None = None
+    stopped: list[PodProcess] = field(default_factory=list)
+    jupyter_token: str = field(default_factory=lambda: os.urandom(12).hex())
+
+    @property
+    def pod_name(self) -> str:
+        return f"ws-{self.name}-0"  # a StatefulSet's pod: the same name each time
+
+
+class PlayedCluster:
+    """Workspace controller, scheduler, kubelet and snapshot agent on a real API server."""
+
+    def __init__(self, control_plane: ControlPlane, namespace: str) -> None:
+        from kubernetes import client
+
+        self.control_plane = control_plane
+        self.namespace = namespace
+        self.api = control_plane.admin.api_client()
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.workspaces: dict[str, WorkspacePlay] = {}
+        self.snapshots: dict[str, Snapshot] = {}
+        self.node_gpus = 1  # the one GPU node of this little cluster
+        self.blockers = 0  # GPUs another team's pods hold (the "GPU is scarce" case)
+        self.restore_mode = "live"  # live | mismatch | silent
+        self.fail_triggers = 0  # the snapshot agent fails this many triggers first
+        self.gvisor_files: list[Path] = []  # workload triggers: each pod's /proc/gvisor/checkpoint
+        self.errors: list[str] = []
+        self.started_pods: list[str] = []  # uids, in order
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    # -- setup ------------------------------------------------------------------------------------
+    def create_namespace(self) -> None:
+        from kubernetes import client
+
+        self.core.create_namespace(client.V1Namespace(metadata={"name": self.namespace}))
+        self.control_plane.apply_file(DEPLOY / "rbac.yaml", NAMESPACE=self.namespace)
+
+    def create_policy(self, trigger: str = "manual") -> None:
+        self.custom.create_namespaced_custom_object(
+            "podsnapshot.gke.io",
+            "v1",
+            self.namespace,
+            "podsnapshotpolicies",
+            {
+                "apiVersion": "podsnapshot.gke.io/v1",
+                "kind": "PodSnapshotPolicy",
+                "metadata": {"name": "jupyter-pause"},
+                "spec": {
+                    "storageConfigName": "jupyter-pause-snapshots",
+                    "selector": {"matchLabels": {"jupyter-pause.io/snapshots": "manual"}},
+                    "triggerConfig": {"type": trigger, "postCheckpoint": "resume"},
+                },
+            },
+        )
+
+    def create_workspace(
+        self, name: str, home: Path, gpus: int = 1, grace: float = 30.0
+    ) -> WorkspacePlay:
+        from kubernetes import client
+
+        account = f"ws-{name}"  # the Workspace controller's service account per Workspace
+        self.core.create_namespaced_service_account(
+            self.namespace, client.V1ServiceAccount(metadata={"name": account})
+        )
+        self.custom.create_namespaced_custom_object(
+            "kubeflow.org",
+            "v1beta1",
+            self.namespace,
+            "workspaces",
+            {
+                "apiVersion": "kubeflow.org/v1beta1",
+                "kind": "Workspace",
+                "metadata": {"name": name},
+                "spec": {
+                    "paused": False,
+                    "kind": "jupyterlab-pause",
+                    "podTemplate": {
+                        "volumes": {"home": f"{name}-home"},
+                        "options": {"imageConfig": "jupyterlab-pause", "podConfig": "gpu-1"},
+                    },
+                },
+            },
+        )
+        home.mkdir(parents=True, exist_ok=True)
+        play = WorkspacePlay(self.namespace, name, home, account, gpus, grace)
+        with self._lock:
+            self.workspaces[name] = play
+        return play
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="played-cluster", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        for path in self.gvisor_files:  # wake the gVisor agents waiting for a request
+            with contextlib.suppress(OSError):
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        for play in self.workspaces.values():
+            for pod in [play.current, *play.stopped]:
+                if pod is not None and pod.process.poll() is None:
+                    if pod.frozen:
+                        pod.thaw()
+                    pod.kill()
+        for snapshot in self.snapshots.values():
+            if snapshot.holds is not None and snapshot.holds.process.poll() is None:
+                snapshot.holds.thaw()
+                snapshot.holds.kill()
+        for play in self.workspaces.values():
+            for pod in [play.current, *play.stopped]:
+                if pod is not None:
+                    shutil.rmtree(pod.workdir, ignore_errors=True)
+        self.api.close()
+        assert not self.errors, "\n".join(self.errors)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self._lock:  # the gVisor agents add snapshots from their own threads
+                    self.reconcile()
+            except Exception:  # a player's bug must fail the test, not hang it
+                self.errors.append(traceback.format_exc())
+                return
+            self._stop.wait(0.05)
+
+    def reconcile(self) -> None:
+        for play in list(self.workspaces.values()):
+            workspace = self.custom.get_namespaced_custom_object(
+                "kubeflow.org", "v1beta1", self.namespace, "workspaces", play.name
+            )
+            pod = self._pod(play)
+            paused = bool(workspace["spec"].get("paused"))
+            if paused and pod is not None:
+                self._delete_pod(play, pod)
+                self._workspace_state(play, "Paused")
+            elif not paused and pod is None:
+                self._create_pod(play, workspace)
+                self._workspace_state(play, "Pending")
+            elif pod is not None and not self._scheduled(pod):
+                self._schedule(play, pod)
+        self._snapshot_agent()
+
+    def _pod(self, play: WorkspacePlay) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            answer = self.core.read_namespaced_pod(
+                play.pod_name, self.namespace, _preload_content=False
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return json.loads(answer.data)
+
+    def _workspace_state(self, play: WorkspacePlay, state: str) -> None:
+        self.custom.patch_namespaced_custom_object_status(
+            "kubeflow.org", "v1beta1", self.namespace, "workspaces", play.name,
+            {"status": {"state": state, "pauseTime": int(time.time()) if state == "Paused" else 0}},
+            _content_type=MERGE,
+        )  # fmt: skip
+
+    # -- Workspace controller ---------------------------------------------------------------------
+    def _create_pod(self, play: WorkspacePlay, workspace: dict[str, Any]) -> None:
+        metadata = (workspace["spec"]["podTemplate"].get("podMetadata")) or {}
+        labels = {
+            **(metadata.get("labels") or {}),
+            WORKSPACE_LABEL: play.name,
+            "jupyter-pause.io/snapshots": "manual",  # from the WorkspaceKind's podMetadata
+        }
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": play.pod_name,
+                "labels": labels,
+                "annotations": dict(metadata.get("annotations") or {}),
+            },
+            "spec": {
+                "serviceAccountName": play.service_account,
+                "terminationGracePeriodSeconds": int(play.grace_seconds),
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "jupyterlab-pause:test",
+                        "resources": {"limits": {"nvidia.com/gpu": str(play.gpus)}},
+                    }
+                ],
+            },
+        }
+        self.core.create_namespaced_pod(self.namespace, body)
+        play.pods_created += 1
+
+    def _delete_pod(self, play: WorkspacePlay, pod: dict[str, Any]) -> None:
+        uid = pod["metadata"]["uid"]
+        self.core.delete_namespaced_pod(play.pod_name, self.namespace, grace_period_seconds=0)
+        running = play.current
+        if running is None or running.pod_uid != uid:
+            return
+        play.current = None
+        snapshot = next(
+            (s for s in self.snapshots.values() if s.pod_uid == uid and s.holds is None), None
+        )
+        if snapshot is not None:
+            # The snapshot holds this pod's processes: they wait, frozen, to be restored.
+            running.freeze()
+            snapshot.holds = running
+            return
+        play.stopped.append(running)
+        # The kubelet's stop runs beside the loop: SIGTERM, then SIGKILL after the grace.
+        threading.Thread(target=running.terminate, args=(play.grace_seconds,), daemon=True).start()
+
+    # -- scheduler --------------------------------------------------------------------------------
+    @staticmethod
+    def _scheduled(pod: dict[str, Any]) -> bool:
+        for entry in (pod.get("status") or {}).get("conditions") or []:
+            if entry.get("type") == "PodScheduled" and entry.get("status") == "True":
+                return True
+        return False
+
+    def gpus_in_use(self) -> int:
+        return (
+            sum(play.gpus for play in self.workspaces.values() if play.current is not None)
+            + self.blockers
+        )
+
+    def _schedule(self, play: WorkspacePlay, pod: dict[str, Any]) -> None:
+        free = self.node_gpus - self.gpus_in_use()
+        if free < play.gpus:
+            self._set_pod_status(
+                play,
+                {
+                    "phase": "Pending",
+                    "conditions": [
+                        {
+                            "type": "PodScheduled",
+                            "status": "False",
+                            "reason": "Unschedulable",
+                            "message": f"0/1 nodes are available: 1 Insufficient nvidia.com/gpu "
+                            f"(wants {play.gpus}, {max(free, 0)} free).",
+                            "lastTransitionTime": now_rfc3339(),
+                        }
+                    ],
+                },
+            )
+            return
+        self._kubelet_start(play, pod)
+
+    def _set_pod_status(self, play: WorkspacePlay, status: dict[str, Any]) -> None:
+        self.core.patch_namespaced_pod_status(
+            play.pod_name, self.namespace, {"status": status}, _content_type=MERGE
+        )
+
+    # -- kubelet (and the snapshot agent's restore) -----------------------------------------------
+    def _kubelet_start(self, play: WorkspacePlay, pod: dict[str, Any]) -> None:
+        uid = pod["metadata"]["uid"]
+        pin = (pod["metadata"].get("annotations") or {}).get(PIN_ANNOTATION)
+        held = self.snapshots.get(pin) if pin else None
+        conditions = [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()}
+        ]
+        frozen = [s for s in self.snapshots.values() if s.holds is not None]
+        if held is not None and held.holds is not None and self.restore_mode == "live":
+            play.current = held.holds
+            held.holds = None
+            play.current.pod_uid = uid
+            conditions.append(
+                {
+                    "type": "PodRestored",
+                    "status": "True",
+                    "reason": "Restored",
+                    "message": f"restored from PodSnapshot {held.name}",
+                    "lastTransitionTime": now_rfc3339(),
+                }
+            )
+            self._set_pod_status(
+                play, {"phase": "Running", "podIP": "127.0.0.1", "conditions": conditions}
+            )
+            play.current.thaw()
+        else:
+            for snapshot in frozen:  # never restored: what they held is gone
+                assert snapshot.holds is not None
+                snapshot.holds.thaw()
+                snapshot.holds.kill()
+                snapshot.holds = None
+            if pin and self.restore_mode == "mismatch":
+                conditions.append(
+                    {
+                        "type": "PodRestored",
+                        "status": "False",
+                        "reason": "NoMatchingSnapshot",
+                        "message": f"PodSnapshot {pin} does not match this pod's spec hash",
+                        "lastTransitionTime": now_rfc3339(),
+                    }
+                )
+            self._set_pod_status(play, {"phase": "Pending", "conditions": conditions})
+            play.current = self._start_server(play, uid)
+            self._set_pod_status(
+                play, {"phase": "Running", "podIP": "127.0.0.1", "conditions": conditions}
+            )
+        self.started_pods.append(uid)
+        self._workspace_state(play, "Running")
+
+    def service_account_token(self, play: WorkspacePlay) -> str:
+        from kubernetes import client
+
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[AUDIENCE], expiration_seconds=3600)
+        )
+        answer = self.core.create_namespaced_service_account_token(
+            play.service_account, self.namespace, request
+        )
+        return answer.status.token
+
+    def _start_server(self, play: WorkspacePlay, uid: str) -> PodProcess:
+        workdir = Path(tempfile.mkdtemp(prefix="jp-pod-", dir="/tmp"))  # short: IPC socket paths
+        accounts = workdir / "sa"
+        accounts.mkdir()
+        (accounts / "token").write_text(self.service_account_token(play))
+        shutil.copy(self.control_plane.pki / "ca.crt", accounts / "ca.crt")
+        (accounts / "namespace").write_text(self.namespace)
+        port = free_port()
+        gvisor = workdir / "gvisor-checkpoint"  # what /proc/gvisor/checkpoint is in GKE Sandbox
+        os.mkfifo(gvisor)
+        self.gvisor_files.append(gvisor)
+        config = workdir / "jupyter_server_config.py"
+        config.write_text(
+            f"load_subconfig({str(DEPLOY / 'jupyter_server_config.py')!r})  # as the image does\n"
+            "import faulthandler, signal\n"  # SIGUSR2: every thread's stack in the log
+            "faulthandler.register(signal.SIGUSR2, all_threads=True)\n"
+            f"c.PauseApp.service_account_dir = {str(accounts)!r}\n"
+            f"c.PauseApp.gvisor_checkpoint_file = {str(gvisor)!r}\n"
+            "c.PauseApp.workspace_poll_seconds = 0.2\n"
+            "c.PauseApp.monitor_interval_seconds = 3600.0\n"
+            "c.PauseApp.busy_wait_seconds = 5.0\n"
+            f"c.PauseApp.gpu_count = {play.gpus}\n"  # the GPU the pod's container is given
+            f"c.ServerApp.port = {port}\n"
+            "c.ServerApp.ip = '127.0.0.1'\n"
+            f"c.IdentityProvider.token = {play.jupyter_token!r}\n"
+            f"c.ServerApp.root_dir = {str(play.home)!r}\n"
+            "c.ServerApp.open_browser = False\n"
+            "c.ServerApp.allow_root = True\n" + play.extra_config
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "KUBERNETES"))}
+        env.update(
+            HOME=str(play.home),
+            POD_NAME=play.pod_name,
+            POD_NAMESPACE=self.namespace,
+            KUBERNETES_SERVICE_HOST="127.0.0.1",
+            KUBERNETES_SERVICE_PORT=str(play.api_port or self.control_plane.port),
+            JUPYTER_RUNTIME_DIR=str(workdir / "runtime"),
+            JUPYTER_CONFIG_DIR=str(workdir / "config"),
+        )
+        log = workdir / "server.log"
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "jupyter_server", f"--config={config}"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=play.home,
+            )
+        pod = PodProcess(uid, process, port, play.jupyter_token, workdir, log)
+        self._wait_serving(pod)
+        threading.Thread(target=self._gvisor_agent, args=(play, pod, gvisor), daemon=True).start()
+        return pod
+
+    @staticmethod
+    def _wait_serving(pod: PodProcess) -> None:
+        def up() -> bool:
+            if pod.process.poll() is not None:
+                raise AssertionError(f"the pod's server exited:\n{pod.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{pod.url}/api/status?token={pod.token}", timeout=2):
+                    return True
+            except (urllib.error.URLError, OSError):
+                return False
+
+        wait_for(up, 60, "the pod's jupyter server to answer")
+
+    # -- snapshot agent ---------------------------------------------------------------------------
+    def _gvisor_agent(self, play: WorkspacePlay, pod: PodProcess, path: Path) -> None:
+        """gVisor's side of a workload trigger: read ``1``, snapshot the pod, answer ``resume``."""
+        while True:
+            with open(path) as request:  # blocks until the workload writes its request
+                text = request.read().strip()
+            if self._stop.is_set() or pod.process.poll() is not None:
+                return
+            if text != "1":
+                continue
+            with self._lock:
+                name = self._take_snapshot(pod.pod_uid, "workload")
+            with open(path, "w") as answer:  # the workload reads how it went
+                answer.write("resume" if name else "error")
+
+    def _take_snapshot(self, pod_uid: str, trigger: str) -> str:
+        """A ready PodSnapshot of the pod; the pod's processes are what it holds."""
+        snapshot = f"{pod_uid[:8]}-{os.urandom(3).hex()}"
+        self.custom.create_namespaced_custom_object(
+            "podsnapshot.gke.io", "v1", self.namespace, "podsnapshots",
+            {
+                "apiVersion": "podsnapshot.gke.io/v1",
+                "kind": "PodSnapshot",
+                "metadata": {"name": snapshot, "labels": {"gke-pod-snapshot-triggered-by": trigger}},
+                "spec": {"policyName": "jupyter-pause"},
+            },
+        )  # fmt: skip
+        self.custom.patch_namespaced_custom_object_status(
+            "podsnapshot.gke.io", "v1", self.namespace, "podsnapshots", snapshot,
+            {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "Ready",
+                                        "lastTransitionTime": now_rfc3339()}]}},
+            _content_type=MERGE,
+        )  # fmt: skip
+        self.snapshots[snapshot] = Snapshot(snapshot, pod_uid, trigger)
+        return snapshot
+
+    def _snapshot_agent(self) -> None:
+        triggers = self.custom.list_namespaced_custom_object(
+            "podsnapshot.gke.io", "v1", self.namespace, "podsnapshotmanualtriggers"
+        )["items"]
+        for trigger in triggers:
+            if (trigger.get("status") or {}).get("conditions"):
+                continue  # spent: a trigger never fires again
+            name = trigger["metadata"]["name"]
+            play = next(
+                (p for p in self.workspaces.values() if p.pod_name == trigger["spec"]["targetPod"]),
+                None,
+            )
+            pod = self._pod(play) if play is not None else None
+            if pod is None or play is None or play.current is None:
+                self._trigger_status(name, "False", "Failed", "the target pod is not running")
+                continue
+            if self.fail_triggers > 0:
+                self.fail_triggers -= 1
+                self._trigger_status(name, "False", "Error", "checkpoint of the sandbox failed")
+                continue
+            snapshot = self._take_snapshot(pod["metadata"]["uid"], name)
+            self._trigger_status(name, "True", "Complete", "snapshot taken", snapshot)
+
+    def _trigger_status(
+        self, name: str, status: str, reason: str, message: str, snapshot: str | None = None
+    ) -> None:
+        body: dict[str, Any] = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "Triggered",
+                        "status": status,
+                        "reason": reason,
+                        "message": message,
+                        "lastTransitionTime": now_rfc3339(),
+                    }
+                ]
+            }
+        }
+        if snapshot:
+            body["status"]["snapshotCreated"] = {"name": snapshot}
+        self.custom.patch_namespaced_custom_object_status(
+            "podsnapshot.gke.io", "v1", self.namespace, "podsnapshotmanualtriggers", name, body,
+            _content_type=MERGE,
+        )  # fmt: skip
+
+    # -- what tests do as the platform or the admin -----------------------------------------------
+    def set_paused(self, name: str, paused: bool) -> None:
+        """What Kubeflow's idle culler (or a user in the UI) does to a Workspace."""
+        self.custom.patch_namespaced_custom_object(
+            "kubeflow.org", "v1beta1", self.namespace, "workspaces", name,
+            {"spec": {"paused": paused}}, _content_type=MERGE,
+        )  # fmt: skip
+
+    def workspace(self, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(
+            "kubeflow.org", "v1beta1", self.namespace, "workspaces", name
+        )
+
+    def state_annotation(self, name: str) -> dict[str, Any]:
+        raw = (self.workspace(name)["metadata"].get("annotations") or {}).get(
+            "jupyter-pause.io/state"
+        )
+        return json.loads(raw) if raw else {}
+
+    def user_kubeconfig(self, folder: Path) -> Path:
+        """A kubeconfig of the unprivileged user, bound to deploy/rbac-user.yaml here."""
+        path = folder / f"kubeconfig-{self.namespace}"
+        if not path.exists():
+            self.control_plane.apply_file(
+                DEPLOY / "rbac-user.yaml", NAMESPACE=self.namespace, USER="pause-user"
+            )
+            self.control_plane.user.kubeconfig(path, self.namespace)
+        return path
+
+    def edit_role(self, drop: dict[str, str]) -> None:
+        """An admin takes verbs from the shipped Role (resource -> verb); waits until RBAC says no."""
+        from kubernetes import client
+
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        role = rbac.read_namespaced_role("jupyter-pause-workspace", self.namespace)
+        rules = []
+        for rule in self.api.sanitize_for_serialization(role)["rules"]:
+            verbs = [v for v in rule["verbs"] if drop.get(rule["resources"][0]) != v]
+            if verbs:
+                rules.append({**rule, "verbs": verbs})
+        rbac.patch_namespaced_role(
+            "jupyter-pause-workspace", self.namespace, {"rules": rules}, _content_type=MERGE
+        )
+        authorization = client.AuthorizationV1Api(self.api)
+        for resource, verb in drop.items():
+            group = "kubeflow.org" if resource == "workspaces" else "podsnapshot.gke.io"
+            review = client.V1SubjectAccessReview(
+                spec=client.V1SubjectAccessReviewSpec(
+                    user=f"system:serviceaccount:{self.namespace}:ws-lab",
+                    groups=[f"system:serviceaccounts:{self.namespace}", "system:serviceaccounts"],
+                    resource_attributes=client.V1ResourceAttributes(
+                        namespace=self.namespace, verb=verb, group=group, resource=resource
+                    ),
+                )
+            )
+            wait_for(
+                lambda review=review: (
+                    not authorization.create_subject_access_review(review).status.allowed
+                ),
+                10,
+                f"RBAC to refuse {verb} {resource}",
+            )
+
+    def quota(self, resource: str, hard: int) -> None:
+        """A ResourceQuota on ``resource``, its status set as the quota controller would."""
+        body = {"metadata": {"name": "limits"}, "spec": {"hard": {resource: str(hard)}}}
+        self.core.create_namespaced_resource_quota(self.namespace, body)
+        status = {"status": {"hard": {resource: str(hard)}, "used": {resource: "0"}}}
+        self.core.patch_namespaced_resource_quota_status(
+            "limits", self.namespace, status, _content_type=MERGE
+        )
+
+    def snapshot_names(self) -> list[str]:
+        items = self.custom.list_namespaced_custom_object(
+            "podsnapshot.gke.io", "v1", self.namespace, "podsnapshots"
+        )["items"]
+        return sorted(i["metadata"]["name"] for i in items)

@@ -1,0 +1,212 @@
+"""The GPU-hours report on synthetic timelines with known answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jupyter_pause.records import SessionRecord
+from jupyter_pause.timeline import Timeline
+from jupyter_pause.usage import report, sources
+from jupyter_pause.usage.spans import percentile
+
+from .cli_runner import Cli
+
+H = 3600.0
+MONDAY = 1_700_438_400.0  # 2023-11-20 00:00 UTC, a Monday
+
+
+def ev(kind: str, at: float, **data: Any) -> dict[str, Any]:
+    return {"kind": kind, "at": at, "data": data}
+
+
+def worked_week(kernel: str = "python3", user: str = "ana") -> dict[str, Any]:
+    """A GPU held all week (168 h), worked 9:00-17:00 Monday to Friday (40 h), never paused."""
+    events = [ev("gpu_acquired", MONDAY, gpus=[0]), ev("idle_gap", MONDAY, seconds=9 * H)]
+    for day in range(4):  # the evenings and nights from Monday to Thursday
+        events.append(ev("idle_gap", MONDAY + day * 24 * H + 17 * H, seconds=16 * H))
+    return {
+        "path": f"{user}/week.ipynb",
+        "user": user,
+        "kernel_name": kernel,
+        "gpus_needed": 1,
+        "state": "active",
+        "last_activity": MONDAY + 4 * 24 * H + 17 * H,  # Friday 17:00, idle since
+        "events": events,
+        "storage_bytes": 0,
+        "checkpoints": 0,
+        "snapshots": 0,
+    }
+
+
+def paused_night(start: float, gpus: int = 2) -> dict[str, Any]:
+    """Worked 1 h, idle 30 min, paused (60 s to release) for the night, resumed in 20 s."""
+    return {
+        "path": "night.ipynb",
+        "user": "bo",
+        "kernel_name": "big",
+        "gpus_needed": gpus,
+        "state": "ready",
+        "last_activity": None,
+        "events": [
+            ev("gpu_acquired", start, gpus=list(range(gpus))),
+            ev("last_activity", start + H),
+            ev("pause_requested", start + 1.5 * H, reason="idle"),
+            ev("checkpoint_written", start + 1.5 * H + 30, bytes_written=10**9),
+            ev("kernel_stopped", start + 1.5 * H + 60),
+            ev("gpu_released", start + 1.5 * H + 60, gpus=list(range(gpus))),
+            ev("resume_requested", start + 12 * H),
+            ev("resources_acquired", start + 12 * H + 5, gpus=list(range(gpus))),
+            ev("state_restored", start + 12 * H + 15, how="files", restored=["m"], failed={}),
+            ev("kernel_ready", start + 12 * H + 20),
+            ev("first_cell_executed", start + 12 * H + 80),
+        ],
+        "storage_bytes": 2 * 10**9,
+        "checkpoints": 2,
+        "snapshots": 0,
+    }
+
+
+def listing(*notebooks: dict[str, Any], now: float, **prices: float) -> dict[str, Any]:
+    return {"now": now, "prices": prices, "store": None, "notebooks": list(notebooks)}
+
+
+def test_a_worked_week_gives_128_hours_releasable_at_threshold_zero() -> None:
+    # Given a week of 168 GPU hours allocated, 40 of them worked
+    data = listing(worked_week(), now=MONDAY + 168 * H)
+
+    # When the report is built over the whole week
+    numbers = report.build(data, since_seconds=7 * 24 * H)
+
+    # Then the "168 h allocated vs 40 h worked" view, and 128 h releasable at threshold 0
+    assert numbers["totals"] == {
+        "gpu_hours_allocated": 168.0,
+        "gpu_hours_active": 40.0,
+        "gpu_hours_idle": 128.0,
+        "gpu_hours_released": 0.0,
+    }
+    study = numbers["idle_threshold_study"]
+    assert study["at_zero"]["gpu_hours_released"] == 128.0
+    # the six absences (the first morning, four nights, the weekend) under a 4 h threshold
+    # each give back their length less 4 h; nothing was measured, so no costs
+    at_4h = study["thresholds"][-1]
+    assert (at_4h["minutes"], at_4h["gpu_hours_released"], at_4h["pauses"]) == (240, 104.0, 6)
+    # 5 of the 6 absences ended with the user's return: 5 waits (of 0 s: no restore measured)
+    assert (at_4h["waits"], at_4h["wait_minutes"]) == (5, 0.0)
+    # 90% of what 5 min releases (127.5 h) is 114.75 h: 2 h (116 h) is the longest that does
+    assert study["recommended_minutes"] == 120
+    assert study["by_kernelspec"]["python3"]["recommended_minutes"] == 120
+    assert numbers["money"] is None
+
+
+def test_a_paused_night_counts_released_hours_latency_and_measured_costs() -> None:
+    # Given a two-GPU notebook paused for the night, and a CPU-only notebook beside it
+    night = paused_night(MONDAY)
+    cpu = {**worked_week(), "path": "cpu.ipynb", "events": [], "gpus_needed": 0}
+    data = listing(night, cpu, now=MONDAY + 13 * H, gpu_hour=2.0, storage_gb_month=0.05)
+
+    numbers = report.build(data, since_seconds=None)
+
+    held = 2 * (1.5 * H + 60 + (13 * H - 12 * H - 5))  # 2 GPUs until the pause, and since
+    idle = 2 * (0.5 * H + 60)  # from the last activity to the release
+    assert numbers["totals"]["gpu_hours_allocated"] == pytest.approx(held / H)
+    assert numbers["totals"]["gpu_hours_idle"] == pytest.approx(idle / H)
+    assert numbers["totals"]["gpu_hours_released"] == pytest.approx(2 * (10.5 * H - 55) / H)
+    assert (numbers["notebooks"], numbers["gpu_notebooks"]) == (2, 1)
+    latency = numbers["resume_latency_seconds"]
+    assert (latency["queue"]["p50"], latency["to_ready"]["p50"]) == (5, 20)
+    assert latency["to_next_cell"]["max"] == 80
+    assert numbers["restores"] == {"live": 0, "files": 1, "partial": 0, "failed": 0, "in flight": 0}
+    assert numbers["storage"]["bytes"] == 2 * 10**9 and numbers["storage"]["checkpoints"] == 2
+    # money at 2.0 per GPU hour and 0.05 per GB-month
+    money = numbers["money"]
+    assert money["saved_by_pausing"] == pytest.approx(2.0 * 2 * (10.5 * H - 55) / H)
+    assert money["storage_per_month"] == pytest.approx(2 * 0.05)  # only night.ipynb's 2 GB
+    # the measured costs: 60 s from the pause request to the release, 20 s to ready
+    study = numbers["idle_threshold_study"]
+    assert study["costs"] == {
+        "pause_seconds": 60.0,
+        "restore_seconds": 20.0,
+        "pauses_measured": 1,
+        "restores_measured": 1,
+    }
+    # at 10 min: the night's absence (last activity to the resume, 11 h) pauses once, keeps
+    # the GPUs 10 min + 60 s, and its user waits 20 s
+    at_10 = next(o for o in study["thresholds"] if o["minutes"] == 10)
+    assert at_10["gpu_hours_released"] == pytest.approx(2 * (11 * H - 600 - 60) / H)
+    assert (at_10["pauses"], at_10["waits"]) == (1, 1)
+    assert at_10["wait_minutes"] == pytest.approx(20 / 60)
+
+
+def test_rows_by_user_kernelspec_and_the_window() -> None:
+    data = listing(
+        worked_week("python3", "ana"), paused_night(MONDAY, gpus=1), now=MONDAY + 168 * H
+    )
+    by_user = report.build(data, None, by="user")
+    assert [row["user"] for row in by_user["groups"]] == ["ana", "bo"]
+    by_kernel = report.build(data, None, by="kernelspec")
+    assert [row["kernelspec"] for row in by_kernel["groups"]] == ["big", "python3"]
+    # the last day only: ana's GPU was held and idle all Sunday
+    last_day = report.build(data, 24 * H, by="user")
+    ana = last_day["groups"][0]
+    assert ana["gpu_hours_allocated"] == 24.0 and ana["gpu_hours_active"] == 0.0
+    assert [w["week"] for w in by_user["weeks"]] == sorted(w["week"] for w in by_user["weeks"])
+
+
+def test_since_and_percentiles() -> None:
+    assert report.parse_since("7d") == 7 * 24 * H
+    assert report.parse_since("90m") == 5400.0
+    for bad in ("7", "0d", "-1h", "7y"):
+        with pytest.raises(ValueError):
+            report.parse_since(bad)
+    assert percentile([], 0.5) is None
+    assert percentile([3.0, 1.0, 2.0, 10.0], 0.5) == 2.0
+    assert percentile([3.0, 1.0, 2.0, 10.0], 0.9) == 10.0
+
+
+async def test_report_reads_a_store_without_a_server(tmp_path: Path, jp: Cli) -> None:
+    # Given a store with one notebook's session record (as the server writes it)
+    store = tmp_path / "store"
+    record = SessionRecord("exp/week.ipynb", str(tmp_path / "exp" / "week.ipynb"))
+    week = worked_week()
+    record.timeline = Timeline.from_json(week["events"])
+    record.gpus, record.gpus_needed, record.state = [0], 1, "paused"
+    record.timeline.add("last_activity", at=MONDAY + 4 * 24 * H + 17 * H)  # Friday 17:00
+    record.timeline.add("pause_requested", at=MONDAY + 168 * H - 60, reason="idle")
+    record.timeline.add("gpu_released", at=MONDAY + 168 * H, gpus=[0])
+    from jupyter_pause.records import RecordWriter
+
+    RecordWriter(store)._write_file(record.key, json.dumps(record.persisted()).encode(), "x")
+    assert [e["path"] for e in sources.read_store(store)] == ["exp/week.ipynb"]
+
+    # When the report reads that store, with prices given on the command line
+    out = tmp_path / "out"
+    code, stdout, err = await jp(
+        "report",
+        "--store",
+        str(store),
+        "--since",
+        "all",
+        "--out",
+        str(out),
+        "--gpu-hour-price",
+        "3",
+        discover=True,
+    )
+
+    # Then its Markdown tells the allocated and worked hours, and the folder has the charts
+    assert code == 0, err
+    assert "**168.0 GPU hours allocated, 40.0 worked** (24 %)" in stdout
+    assert f"store {store}" in stdout
+    assert "| GPUs allocated | 504.00 |" in stdout
+    assert sorted(p.name for p in out.iterdir()) == [
+        "gpu-hours-per-day.png",
+        "idle-threshold-study.png",
+        "report.json",
+        "report.md",
+    ]
+    saved = json.loads((out / "report.json").read_text())
+    assert saved["totals"]["gpu_hours_allocated"] == 168.0
