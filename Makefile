@@ -85,5 +85,5 @@ mutants: $(SETUP_STAMP)
 	$(PY) -m tests.mutants.run --report tests/README.md
 
 bench: $(SETUP_STAMP)
-	$(PY) -c "import dill, kishu" 2>/dev/null || $(PIP) install -e ".[bench]"
+	$(PY) -c "import dill, kishu, safetensors, matplotlib" 2>/dev/null || $(PIP) install -e ".[bench]"
 	$(PY) bench/bench_checkpoint.py

@@ -155,11 +155,12 @@ class PauseApp(ExtensionApp):
     ).tag(config=True)
 
     direct_io = Bool(
-        False,
-        help="Kernels write checkpoint data with O_DIRECT instead of through the page cache: "
-        "about 2x faster saves, and multi-GB checkpoints neither fill the page cache nor count "
-        "against a container's memory limit while written back; but a resume on the same "
-        "machine cannot find the data in memory (see the README's store section).",
+        True,
+        help="Kernels write checkpoint data with O_DIRECT, straight from the tensors' memory "
+        "(on by default: 2-6x faster saves on this project's VMs, and multi-GB checkpoints "
+        "neither fill the page cache nor count against a container's memory limit while "
+        "written back). Off: through the page cache, where a resume on the same machine soon "
+        "after can find the data (see the README's store section).",
     ).tag(config=True)
 
     load_in_kernels = Bool(

@@ -44,7 +44,7 @@ class Policy:
     max_age_hours: float = 0.0
     max_bytes: int = 0
     save_unmarked: str = "all"
-    direct_io: bool = False
+    direct_io: bool = True
     snapshots_keep_last: int = 1  # pod snapshots kept per workspace, the pinned one first
     kernelspec_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
 

@@ -27,8 +27,10 @@ from traitlets.config import Configurable
 from ..formatting import format_bytes, format_count, format_reasons
 from ..policy import KERNEL_POLICY_ENV
 from . import store as store_mod
-from .arrays import Storage, content_hash
+from .arrays import Storage, content_hash, content_hasher
 from .capture import rng_states, select_variables, set_rng_states
+from .loading import BufferSource, buffer_source
+from .reading import OWN_MEMORY_AT_LEAST
 from .session import Baseline, SessionContext, SessionReport, apply_session, capture_session
 from .state import (
     ObjectKeys,
@@ -38,6 +40,7 @@ from .state import (
     buffers_in_load_order,
     load_order,
     pickle_frame,
+    streamed_buffers,
 )
 from .token import process_token
 
@@ -237,13 +240,13 @@ class Checkpointer(Configurable):
     ).tag(config=True)
 
     direct_io = Bool(
-        False,
-        help="Write checkpoint data around the page cache (O_DIRECT, where the filesystem "
-        "allows it) instead of through it. Saves about 2x faster and a checkpoint of many "
-        "GB neither fills the page cache nor counts against a container's memory while it "
-        "is written back; but the data is then never in memory when a restore on the same "
-        "machine follows (a pause and resume on the local backend), and on virtual machines "
-        "that later restore also gets colder memory: see bench/README.md.",
+        True,
+        help="Write checkpoint data around the page cache (O_DIRECT, straight from the "
+        "tensors' memory, where the filesystem allows it). Off: through the page cache, "
+        "which on this project's VMs saves 2-6x slower (bench/README.md) and leaves the "
+        "checkpoint in memory, where a restore on the same machine soon after maps it "
+        "instead of reading the disk. Restores read files that are not in the page cache "
+        "with O_DIRECT either way.",
     ).tag(config=True)
 
     @default("store_root")
@@ -623,8 +626,9 @@ class Checkpointer(Configurable):
                     f"No checkpoint yet for {self.key}: run %checkpoint to save one."
                 )
         manifest = store.read_manifest(checkpoint_id)
-        # A whole restore reads every buffer: queue them all now, in the order loading needs
-        # them. A partial one reads what it needs.
+        # Large buffers bound for a CUDA device stream there; a whole restore queues every
+        # other buffer now, in the order loading needs them. A partial one reads what it needs.
+        streamed = streamed_buffers(manifest, OWN_MEMORY_AT_LEAST)
         needed = (
             buffers_in_load_order(
                 manifest, load_order(manifest, store_mod.manifest_variables(manifest))
@@ -633,8 +637,10 @@ class Checkpointer(Configurable):
             else []
         )
         try:
-            with store.prefetching(manifest, needed) as prefetch:
-                return self._load_variables(manifest, checkpoint_id, names, started, prefetch)
+            with buffer_source(store, manifest, [d for d in needed if d not in streamed]) as source:
+                return self._load_variables(
+                    manifest, checkpoint_id, names, started, source, streamed
+                )
         finally:
             store.release_maps()
 
@@ -644,22 +650,26 @@ class Checkpointer(Configurable):
         checkpoint_id: int,
         names: list[str] | None,
         started: float,
-        prefetch: store_mod.Prefetch | None,
+        source: BufferSource,
+        streamed: set[str],
     ) -> RestoreResult:
-        store = self.store
         verified: set[str] = set()
         bytes_read = 0
 
-        def read_buffer(digest: str) -> memoryview:
-            nonlocal bytes_read
+        def location_of(digest: str) -> dict[str, Any]:
             location = manifest["buffers"].get(digest)
             if location is None:
                 raise store_mod.StoreError(f"checkpoint {checkpoint_id} lacks buffer {digest}")
-            if prefetch is not None:
-                prefetch.wait(digest)
-            data = store.open_buffer(location)
+            return location
+
+        def read_buffer(digest: str) -> memoryview:
+            nonlocal bytes_read
+            location = location_of(digest)
+            # Hashed piece by piece while the rest of the buffer is still being read.
+            check = content_hasher() if self.verify and digest not in verified else None
+            data = source.get(digest, None if check is None else check.update)
             if digest not in verified:
-                if self.verify and content_hash(data) != digest:
+                if check is not None and check.hexdigest() != digest:
                     raise store_mod.StoreError(
                         f"data in {location['file']} does not match its hash: the file is damaged"
                     )
@@ -667,7 +677,17 @@ class Checkpointer(Configurable):
                 bytes_read += data.nbytes
             return data
 
-        loader = StateLoader(manifest, read_buffer, self.keys, self.namespace)
+        def read_to_device(digest: str, device: str) -> Any:
+            nonlocal bytes_read
+            if digest not in streamed:
+                return None
+            storage = source.to_device(digest, device, self.verify)  # checks the hash itself
+            if storage is not None and digest not in verified:
+                verified.add(digest)
+                bytes_read += location_of(digest)["nbytes"]
+            return storage
+
+        loader = StateLoader(manifest, read_buffer, self.keys, self.namespace, read_to_device)
         available = store_mod.manifest_variables(manifest)
         # Plain objects first: they unpickle on the CPU while the prefetched buffers stream in.
         wanted = load_order(manifest, names or available)

@@ -24,6 +24,11 @@ def content_hash(data: memoryview) -> str:
     return xxhash.xxh3_128_hexdigest(data)
 
 
+def content_hasher() -> Any:
+    """``content_hash`` fed piece by piece (``update``), then read with ``hexdigest()``."""
+    return xxhash.xxh3_128()
+
+
 def _host_view(ptr: int, nbytes: int) -> memoryview:
     """A zero-copy byte view of host memory we keep alive through the owning object."""
     if nbytes == 0:
@@ -280,11 +285,29 @@ class Describer:
         }
 
 
+def device_available(device: str) -> bool:
+    """Whether this process can put tensors on ``device`` ("cuda:1", "mps"; never "cpu")."""
+    import torch
+
+    kind, _, index = device.partition(":")
+    if kind == "cuda":
+        return torch.cuda.is_available() and int(index or 0) < torch.cuda.device_count()
+    if kind == "mps":
+        return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+    return hasattr(torch, kind) and getattr(torch, kind).is_available()
+
+
 class Rebuilder:
     """Rebuilds tensors/arrays from records, one storage per buffer, on the recorded device."""
 
-    def __init__(self, open_storage: Any) -> None:
-        self._open_storage = open_storage  # key -> memoryview of the bytes (memory-mapped)
+    def __init__(
+        self,
+        open_storage: Callable[[str], memoryview],
+        device_storage: Callable[[str, str], Any] | None = None,
+    ) -> None:
+        self._open_storage = open_storage  # key -> memoryview of the bytes
+        # (key, device) -> a torch storage already on that device, or None: take the host path
+        self._device_storage = device_storage
         self._torch_storages: dict[tuple[str, str], Any] = {}
         self.warnings: list[str] = []
         self._missing_devices: set[str] = set()
@@ -295,21 +318,7 @@ class Rebuilder:
         return self._rebuild_array(record)
 
     def _target_device(self, device: str) -> str:
-        import torch
-
-        if device == "cpu":
-            return device
-        kind, _, index = device.partition(":")
-        available = False
-        if kind == "cuda":
-            available = torch.cuda.is_available() and int(index or 0) < torch.cuda.device_count()
-        elif kind == "mps":
-            available = (
-                bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
-            )
-        else:
-            available = hasattr(torch, kind) and getattr(torch, kind).is_available()
-        if available:
+        if device == "cpu" or device_available(device):
             return device
         if device not in self._missing_devices:
             self._missing_devices.add(device)
@@ -325,6 +334,10 @@ class Rebuilder:
         device = self._target_device(record["device"])
         cache_key = (record["storage"], device)
         storage = self._torch_storages.get(cache_key)
+        if storage is None and device != "cpu" and self._device_storage is not None:
+            storage = self._device_storage(record["storage"], device)
+            if storage is not None:
+                self._torch_storages[cache_key] = storage
         if storage is None:
             raw = self._open_storage(record["storage"])
             with warnings.catch_warnings():

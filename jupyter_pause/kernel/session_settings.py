@@ -345,10 +345,37 @@ def _apply_pandas(options: dict[str, Any], context: SessionContext) -> Outcome:
 
 
 def _capture_warnings(context: SessionContext) -> list[Any]:
-    return list(warnings.filters)
+    return [(*entry[:2], _category_by_name(entry[2]), *entry[3:]) for entry in warnings.filters]
 
 
-def _apply_warnings(filters: list[Any], context: SessionContext) -> None:
+def _category_by_name(category: Any) -> Any:
+    """A library's warning category as (module, qualified name): unpickling the class would
+    import its module, and libraries add filters of their own when imported (sympy, which
+    torch's optimizers import on first use, adds one), so a restore would import sympy
+    (0.5-1.5 s here) just to set a filter that sympy sets again when it is imported."""
+    module = getattr(category, "__module__", "builtins")
+    if module in ("builtins", "__main__"):
+        return category
+    return (module, category.__qualname__)
+
+
+def _category(category: Any) -> type | None:
+    """The class a filter names; None when its module is not imported (its own import adds
+    its filters again) or no longer has it."""
+    if not isinstance(category, tuple):
+        return category
+    found: Any = sys.modules.get(category[0])
+    for part in category[1].split("."):
+        found = getattr(found, part, None)
+    return found if isinstance(found, type) else None
+
+
+def _apply_warnings(entries: list[Any], context: SessionContext) -> None:
+    filters = [
+        (*entry[:2], category, *entry[3:])
+        for entry in entries
+        if (category := _category(entry[2])) is not None
+    ]
     if warnings.filters != filters:
         warnings.filters[:] = filters
         mutated = getattr(warnings, "_filters_mutated", None)

@@ -244,6 +244,55 @@ def _identity_matters(value: Any) -> bool:
     )
 
 
+class _FrameBuffer(io.BytesIO):
+    """A frame being pickled. The C pickler hands it every 64 KiB frame through ``write``;
+    done in Python, each call gives the interpreter a point to pass the GIL to the thread
+    writing tensor data. The C pickler alone never lets go of it: pickling 100k small dicts
+    kept that thread from issuing its next write for 50 ms."""
+
+    def write(self, data: Any) -> int:
+        return super().write(data)
+
+
+class _FrameReader:
+    """A frame being unpickled, read where it lies (no copy of the whole). The C unpickler
+    asks for every 64 KiB frame through ``read``: a Python call, where the GIL can pass to
+    the threads reading tensor data (see ``_FrameBuffer``)."""
+
+    def __init__(self, data: memoryview) -> None:
+        self._data = data
+        self._position = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = len(self._data)
+        if size is not None and size >= 0:
+            end = min(end, self._position + size)
+        chunk = self._data[self._position : end].tobytes()
+        self._position = end
+        return chunk
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        count = min(target.nbytes, len(self._data) - self._position)
+        target[:count] = self._data[self._position : self._position + count]
+        self._position += count
+        return count
+
+    def readline(self, size: int | None = -1) -> bytes:
+        """Up to and with the next newline (text opcodes: a few bytes)."""
+        limit = len(self._data)
+        if size is not None and size >= 0:
+            limit = min(limit, self._position + size)
+        end = self._position
+        while end < limit:
+            window = self._data[end : min(end + 256, limit)].tobytes()
+            found = window.find(b"\n")
+            end += len(window) if found < 0 else found + 1
+            if found >= 0:
+                break
+        return self.read(end - self._position)
+
+
 def pickle_frame(
     names: list[str],
     values: list[Any],
@@ -259,7 +308,7 @@ def pickle_frame(
     are plain containers (they need the slower ``persistent_id`` path to be caught);
     ``namespace``: the notebook's globals, which its functions are bound to again on restore.
     """
-    buffer = io.BytesIO()
+    buffer = _FrameBuffer()
     root: Any = values[0] if len(values) == 1 else tuple(values)
     own = {id(v) for v in values}
     pickler_class = _ContainerAwarePickler if containers - own else _FramePickler
@@ -605,6 +654,26 @@ def buffers_in_load_order(manifest: dict[str, Any], names: list[str]) -> list[st
     return list(order)
 
 
+def streamed_buffers(manifest: dict[str, Any], at_least: int) -> set[str]:
+    """Buffers of ``at_least`` bytes whose storages go to a CUDA device this process has:
+    they are streamed there (``device_reads``) rather than read into host memory."""
+    devices = {
+        record["device"]
+        for record in manifest["storages"].values()
+        if record.get("device", "cpu").startswith("cuda") and "buffer" in record
+    }
+    if not devices:
+        return set()
+    from .arrays import device_available
+
+    present = {device for device in devices if device_available(device)}
+    return {
+        record["buffer"]
+        for record in manifest["storages"].values()
+        if record.get("device") in present and "buffer" in record and record["nbytes"] >= at_least
+    }
+
+
 class StateLoader:
     """Loads variables from a manifest on demand, each shared object exactly once."""
 
@@ -614,9 +683,13 @@ class StateLoader:
         read_buffer: Callable[[str], memoryview],
         keys: ObjectKeys,
         namespace: dict[str, Any],
+        read_to_device: Callable[[str, str], Any] | None = None,
     ) -> None:
         self.manifest = manifest
         self._read_buffer = read_buffer  # digest -> bytes
+        # (digest, device) -> a torch storage on that device, or None where it is not streamed
+        self._read_to_device = read_to_device
+        self._on_device: dict[tuple[str, str], Any] = {}
         self._keys = keys
         self.namespace = namespace  # what restored notebook functions see as their globals
         self._objects: dict[str, Any] = {}
@@ -628,7 +701,22 @@ class StateLoader:
                 self._group_of[name] = frame
         self._storage_owner: dict[str, str] = {}  # buffer digest -> storage key mapped on it
         self._storage_views: dict[str, memoryview] = {}  # storage key -> its restored memory
-        self.rebuilder = Rebuilder(self._storage_bytes)
+        self.rebuilder = Rebuilder(self._storage_bytes, self._device_storage)
+
+    def _device_storage(self, key: str, device: str) -> Any:
+        """A storage streamed onto ``device``, or None (then it is built in host memory and
+        copied there). Two storages with equal content get one read and a device copy."""
+        record = self.manifest["storages"][key]
+        if self._read_to_device is None or "within" in record:
+            return None
+        digest = record["buffer"]
+        first = self._on_device.get((digest, device))
+        if first is not None:
+            return first.clone()
+        storage = self._read_to_device(digest, device)
+        if storage is not None:
+            self._on_device[(digest, device)] = storage
+        return storage
 
     def _storage_bytes(self, key: str) -> memoryview:
         """The bytes of one storage. Two storages with equal content share one buffer on disk
@@ -644,9 +732,11 @@ class StateLoader:
             view = outer[within["offset"] : within["offset"] + record["nbytes"]]
         else:
             digest = record["buffer"]
-            data = self._read_buffer(digest)
             owner = self._storage_owner.setdefault(digest, key)
-            view = data if owner == key else memoryview(bytearray(data))
+            if owner == key:
+                view = self._read_buffer(digest)
+            else:  # a copy of the first one's memory, read and checked already
+                view = memoryview(bytearray(self._storage_views[owner]))
         self._storage_views[key] = view
         return view
 
@@ -688,8 +778,7 @@ class StateLoader:
         if frame is None:
             raise RestoreError("not in this checkpoint")
         try:
-            data = bytes(self._read_buffer(frame["frame"]))
-            loaded = _FrameUnpickler(io.BytesIO(data), self).load()
+            loaded = _FrameUnpickler(_FrameReader(self._read_buffer(frame["frame"])), self).load()
         except RestoreError as err:
             message = f"needs a variable that could not be restored ({err})"
             self._fail(frame, message)
@@ -706,8 +795,7 @@ class StateLoader:
     def extra(self, digest: str) -> Any:
         """Load something saved beside the variables (``Snapshotter.pickle_extra``)."""
         try:
-            data = bytes(self._read_buffer(digest))
-            return _FrameUnpickler(io.BytesIO(data), self).load()
+            return _FrameUnpickler(_FrameReader(self._read_buffer(digest)), self).load()
         except RestoreError as err:
             raise RestoreError(f"needs a variable that could not be restored ({err})") from None
         except Exception as err:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .datafile import DataFileWriter, open_new_private
+from .reading import open_for_reading
 
 MANIFEST_FORMAT = 1
 # Buffers this large get a file of their own: collected exactly, never rewritten. Smaller ones
@@ -247,6 +248,21 @@ def _syncfs(path: Path) -> bool:
     return True
 
 
+_LIBC_MINCORE = getattr(_LIBC, "mincore", None)
+if _LIBC_MINCORE is not None:
+    _LIBC_MINCORE.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+_RESIDENT_BIT = bytes(i & 1 for i in range(256))
+
+
+def map_address(mapped: mmap.mmap) -> int:
+    """Where a map starts in memory (the map must stay open while the address is used)."""
+    anchor = ctypes.c_char.from_buffer(mapped)
+    try:
+        return ctypes.addressof(anchor)
+    finally:
+        del anchor  # release the export at once, so the map can still be closed
+
+
 _MADV_WILLNEED = 3
 _MADV_POPULATE_READ = 22  # Linux 5.14+; Python's mmap module does not name it
 _PREFETCH_CHUNK = 32 << 20
@@ -267,8 +283,10 @@ class Prefetch:
     (``MADV_WILLNEED``) and the reader's page faults map the pages.
     """
 
-    def __init__(self, buffers: list[tuple[str, int, int]]) -> None:
-        """``buffers``: (digest, address, nbytes) of mapped buffers, in the order needed."""
+    def __init__(self, buffers: list[tuple[str, int, int]], anchors: list[Any]) -> None:
+        """``buffers``: (digest, address, nbytes) of mapped buffers, in the order needed;
+        ``anchors``: what keeps those maps where they are until ``join``."""
+        self._anchors = anchors
         self._pieces: collections.deque[tuple[int, int, threading.Event]] = collections.deque()
         self._done: dict[str, list[threading.Event]] = {}
         for digest, address, nbytes in buffers:
@@ -326,6 +344,7 @@ class Prefetch:
     def join(self) -> None:
         for thread in self._threads:
             thread.join()
+        self._anchors.clear()
 
 
 def _pid_alive(pid: int) -> bool:
@@ -721,6 +740,21 @@ class NotebookStore:
             )
         return memoryview(mapped)[offset : offset + nbytes]
 
+    def open_data_file(self, name: str) -> tuple[int, bool]:
+        """``(fd, direct)`` reading a data file, around the page cache where the filesystem
+        allows it (``reading.FileReads`` reads it); checked like a file we map."""
+        path = self.path / name
+        try:
+            fd, direct = open_for_reading(path)
+        except FileNotFoundError:
+            raise StoreError(f"Data file {path} is missing: the checkpoint is damaged.") from None
+        try:
+            _check_owned(fd, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, direct
+
     def _map(self, name: str, *, read_ahead: bool = True) -> mmap.mmap | bytearray:
         mapped = self._maps.get(name)
         if mapped is not None:
@@ -752,27 +786,7 @@ class NotebookStore:
         while the block runs (None when there is nothing to fetch, or no C library to ask:
         not Linux). The block ``wait``s for a buffer before reading it; leaving the block
         waits for the workers, and an error drops what they have not started."""
-        buffers = []
-        anchors = []  # buffer exports pin each map's address while the workers use it
-        if _LIBC is not None:
-            addresses: dict[str, int] = {}
-            for digest in digests:
-                location = manifest["buffers"][digest]
-                name = location["file"]
-                if name not in addresses:
-                    try:
-                        mapped = self._map(name, read_ahead=False)
-                    except StoreError:
-                        continue  # reported for each variable that needs the file
-                    if not isinstance(mapped, mmap.mmap):
-                        continue  # an empty file
-                    anchors.append(ctypes.c_char.from_buffer(mapped))
-                    addresses[name] = ctypes.addressof(anchors[-1])
-                if location["offset"] + location["nbytes"] <= len(self._maps[name]):
-                    buffers.append(
-                        (digest, addresses[name] + location["offset"], location["nbytes"])
-                    )
-        prefetch = Prefetch(buffers) if buffers else None
+        prefetch = self.start_prefetch(manifest, digests)
         try:
             yield prefetch
         except BaseException:
@@ -782,7 +796,54 @@ class NotebookStore:
         finally:
             if prefetch is not None:
                 prefetch.join()
-            anchors.clear()
+
+    def start_prefetch(self, manifest: dict[str, Any], digests: list[str]) -> Prefetch | None:
+        """A ``Prefetch`` of the mapped buffers ``digests`` (see ``prefetching``); the caller
+        ``join``s it before the maps may go."""
+        if _LIBC is None:
+            return None
+        buffers = []
+        anchors = []  # buffer exports pin each map's address while the workers use it
+        addresses: dict[str, int] = {}
+        for digest in digests:
+            location = manifest["buffers"][digest]
+            name = location["file"]
+            if name not in addresses:
+                try:
+                    mapped = self._map(name, read_ahead=False)
+                except StoreError:
+                    continue  # reported for each variable that needs the file
+                if not isinstance(mapped, mmap.mmap):
+                    continue  # an empty file
+                anchors.append(ctypes.c_char.from_buffer(mapped))
+                addresses[name] = ctypes.addressof(anchors[-1])
+            if location["offset"] + location["nbytes"] <= len(self._maps[name]):
+                buffers.append((digest, addresses[name] + location["offset"], location["nbytes"]))
+        return Prefetch(buffers, anchors) if buffers else None
+
+    def in_page_cache(self, name: str) -> bool:
+        """Whether every page of a data file is in the page cache (written through it
+        recently, read recently, or on tmpfs); False for a missing or damaged file."""
+        if _LIBC is None:
+            return False
+        try:
+            mapped = self._map(name, read_ahead=False)
+        except StoreError:
+            return False
+        if not isinstance(mapped, mmap.mmap):
+            return True  # an empty file: nothing to read
+        pages = -(-len(mapped) // mmap.PAGESIZE)
+        residency = (ctypes.c_ubyte * pages)()
+        if _LIBC_MINCORE is None or _LIBC_MINCORE(map_address(mapped), len(mapped), residency):
+            return False
+        # Bit 0 says resident; the others are reserved.
+        return bytes(residency).translate(_RESIDENT_BIT).count(0) == 0
+
+    def forget_map(self, name: str) -> None:
+        """Drop our map of a file that will be read instead (nothing built on it yet)."""
+        mapped = self._maps.pop(name, None)
+        if isinstance(mapped, mmap.mmap):
+            mapped.close()
 
     def release_maps(self) -> None:
         """Forget our references; live arrays keep their own maps alive as long as they need."""
