@@ -68,7 +68,7 @@ class OutsideFile:
 def outside_files(pid: int) -> list[OutsideFile]:
     """The kernel's descriptors that are the server's own stdin/stdout/stderr, by identity."""
     ours: dict[tuple[int, int], int] = {}
-    for stream in (2, 1, 0):  # the lowest wins where two are the same file
+    for stream in (0, 2, 1):  # where two are the same file (a terminal), stdout wins
         try:
             st = os.fstat(stream)
         except OSError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -33,6 +34,7 @@ async def test_a_paused_kernel_comes_back_as_the_same_process(
         f"log = open({str(lines)!r})\nlog.readline()\npid = os.getpid()\nprint(pid)"
     )
     pid = int(await tab.run(setup))
+    ports = jp_serverapp.kernel_manager.get_kernel(kernel_id).ports
 
     # When it is paused
     paused = await pause_and_wait(server, "live.ipynb")
@@ -66,6 +68,17 @@ async def test_a_paused_kernel_comes_back_as_the_same_process(
     new_tab.close()
     # and the image, spent, is gone
     assert not images.exists()
+
+    # jupyter-server knows the kernel again: its ports, its notebook session, its restart
+    assert jp_serverapp.kernel_manager.get_kernel(kernel_id).ports == ports
+    response = await server.fetch("api", "sessions")
+    sessions = {s["path"]: s["kernel"]["id"] for s in json.loads(response.body)}
+    assert sessions["live.ipynb"] == kernel_id
+    # (a restart starts a new process: the restored one was the only one of its kind)
+    await server.fetch("api", "kernels", kernel_id, "restart", method="POST", body="{}")
+    assert await server.run(
+        kernel_id, f"import os\nprint(os.getpid() != {pid}, 'counter' in dir())"
+    ) == ("True False\n")
 
 
 LOOP_CELL = """
@@ -157,3 +170,23 @@ async def test_a_damaged_image_falls_back_to_the_checkpoint_and_says_why(
 
 def nft_tables() -> str:
     return subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+
+
+async def test_a_paused_process_comes_back_after_the_server_extension_restarts(
+    server: Server,
+) -> None:
+    # Given a kernel paused with its process image, holding a generator mid-iteration
+    kernel_id = await server.open_notebook("restart.ipynb")
+    await server.watched("restart.ipynb")
+    await server.run(kernel_id, "numbers = iter(range(5))\nnext(numbers)")
+    await pause_and_wait(server, "restart.ipynb")
+
+    # When the extension restarts (its memory gone; the store, and the image in it, remain)
+    await server.restart_extension()
+    _, record = await server.call("GET", "sessions", "restart.ipynb")
+    assert record["state"] == "paused"
+    ready = await resume_and_wait(server, "restart.ipynb")
+
+    # Then the very process comes back, proven by the token recorded at the pause
+    assert ready["how"] == "live" and ready["kernel_id"] == kernel_id, ready
+    assert await server.run(kernel_id, "print(next(numbers))") == "1\n"
