@@ -42,7 +42,7 @@ from .criu_tool import (
     pid_gone,
     unlock_network,
 )
-from .cuda_checkpoint import CudaCheckpoint, CudaError, holds_cuda
+from .cuda_checkpoint import CudaCheckpoint, CudaError, cuda_processes
 from .kernels import open_session, running_kernel
 from .local import LocalBackend
 from .reattach import register_restored
@@ -65,7 +65,7 @@ class ProcessImage:
     env: dict[str, str]  # the kernel's launch environment (for a later restart of it)
     execution_state: str  # "busy" when paused during a cell
     outside: list[OutsideFile] = field(default_factory=list)
-    cuda: bool = False
+    cuda: list[int] = field(default_factory=list)  # PIDs of the tree holding a CUDA context
     gpus: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -167,7 +167,7 @@ class CriuBackend(LocalBackend):
             connection=_json_safe(km.get_connection_info()),
             env=await asyncio.to_thread(_environ, pid),
             execution_state="busy" if session.busy else "idle",
-            cuda=await asyncio.to_thread(holds_cuda, pid),
+            cuda=await asyncio.to_thread(cuda_processes, pid),
             gpus=list(self.pool.holders.get(session.path, [])),
         )
         if image.cuda and (problem := self.cuda.problem()):
@@ -211,13 +211,15 @@ class CriuBackend(LocalBackend):
             try:
                 image.outside = outside_files(image.pid)
                 store_mod.write_private(folder / KERNEL_FILE, json.dumps(image.to_json()).encode())
-                if image.cuda:
-                    self.cuda.suspend(image.pid)
+                suspended = []
                 try:
+                    for pid in image.cuda:
+                        self.cuda.suspend(pid)
+                        suspended.append(pid)
                     seconds = self.criu.dump(image.pid, folder, image.outside)
-                except CriuError:
-                    if image.cuda:  # the process runs on: give it its GPU memory back
-                        self.cuda.resume(image.pid)
+                except (CriuError, CudaError):
+                    for pid in suspended:  # the process runs on: give it its GPU memory back
+                        self.cuda.resume(pid)
                     raise
             except BaseException:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -272,8 +274,8 @@ class CriuBackend(LocalBackend):
             km = self.kernel_manager.get_kernel(image.kernel_id)
             km.execution_state = image.execution_state  # busy: the paused cell runs on
             await open_session(self.session_manager, session, image.kernel_id)
-            if image.cuda:
-                await asyncio.to_thread(self.cuda.resume, pid)
+            for cuda_pid in image.cuda:  # the same PIDs: criu restores the whole tree as it was
+                await asyncio.to_thread(self.cuda.resume, cuda_pid)
         except BaseException as err:
             await self._end(image.kernel_id, pid)
             if isinstance(err, Exception) and not isinstance(err, CudaError):

@@ -133,9 +133,9 @@ class Criu:
         return None
 
     def dump(self, pid: int, images: Path, outside: list[OutsideFile]) -> float:
-        """Dump the process tree of ``pid`` into ``images`` and end it; returns the seconds.
-
-        On failure criu lets the tree run on as it was (and lifts its network lock).
+        """Dump the process tree of ``pid`` into ``images`` (durably: fsynced) and end it;
+        returns the seconds. On failure criu lets the tree run on as it was (and lifts its
+        network lock).
         """
         args = [
             self.binary,
@@ -155,7 +155,10 @@ class Criu:
         for item in outside:
             if item.external:
                 args += ["--external", item.external]
-        return self._run(args, images / DUMP_LOG, "dump", pass_fds=())
+        seconds = self._run(args, images / DUMP_LOG, "dump", pass_fds=())
+        started = time.monotonic()
+        _fsync_folder(images)  # criu leaves it in the page cache; the paused state must last
+        return seconds + time.monotonic() - started
 
     def restore(self, images: Path, outside: list[OutsideFile], pidfile: Path) -> tuple[int, float]:
         """Restore the tree from ``images`` as a child of this process: (its PID, seconds)."""
@@ -297,6 +300,21 @@ def _protobuf_string(message: bytes, field: int) -> str | None:
     except (IndexError, UnicodeDecodeError):
         return None
     return None
+
+
+def _fsync_folder(folder: Path) -> None:
+    for entry in os.scandir(folder):
+        if entry.is_file(follow_symlinks=False):
+            fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def image_bytes(images: Path) -> int:

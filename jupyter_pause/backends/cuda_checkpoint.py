@@ -9,6 +9,7 @@ Blocking calls (worker threads).
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,13 +19,33 @@ class CudaError(Exception):
     """The CUDA state cannot be suspended or resumed; the message says why."""
 
 
-def holds_cuda(pid: int) -> bool:
-    """Whether the process tree's root has the NVIDIA driver open (a CUDA context)."""
+def cuda_processes(pid: int) -> list[int]:
+    """The processes of the tree rooted at ``pid`` that hold the NVIDIA driver's device files
+    (open or mapped): each has a CUDA context criu cannot dump by itself."""
+    return [p for p in _tree(pid) if _holds_driver(p)]
+
+
+def _tree(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                todo.extend(int(child) for child in task.read_text().split())
+            except OSError:
+                continue  # ended meanwhile
+    return found
+
+
+def _holds_driver(pid: int) -> bool:
     try:
-        maps = Path(f"/proc/{pid}/maps").read_text(errors="replace")
+        if "/dev/nvidia" in Path(f"/proc/{pid}/maps").read_text(errors="replace"):
+            return True
+        fds = Path(f"/proc/{pid}/fd")
+        return any(os.readlink(fds / fd).startswith("/dev/nvidia") for fd in os.listdir(fds))
     except OSError:
         return False
-    return "/dev/nvidia" in maps or "libcuda.so" in maps
 
 
 class CudaCheckpoint:
