@@ -37,6 +37,7 @@ from .criu_tool import (
     Criu,
     CriuError,
     OutsideFile,
+    append_to_logs,
     image_bytes,
     outside_files,
     pid_gone,
@@ -210,6 +211,8 @@ class CriuBackend(LocalBackend):
             folder = store.new_image_folder(image.checkpoint_id)
             try:
                 image.outside = outside_files(image.pid)
+                if changed := append_to_logs():
+                    log.info("jupyter_pause: the server's %s now appends (criu)", changed)
                 store_mod.write_private(folder / KERNEL_FILE, json.dumps(image.to_json()).encode())
                 suspended = []
                 try:

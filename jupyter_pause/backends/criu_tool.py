@@ -16,11 +16,13 @@ project's machines (see the README's criu section):
 * **The server's stdin/stdout/stderr** that the kernel inherited (a terminal, a pipe,
   journald's socket) are outside the dump: they are named ``--external`` where criu needs it
   and handed back with ``--inherit-fd`` at the restore, the server's streams of that moment
-  (after a server restart, the new server's). A log file is reopened at its path.
+  (after a server restart, the new server's). A log file is reopened at its path, in append
+  mode (``append_to_logs``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -100,10 +102,31 @@ def _describe(st: os.stat_result, stream: int) -> OutsideFile | None:
             return None  # /dev/null and the like: criu reopens them by path
         name = f"tty[{st.st_rdev:x}:{st.st_dev:x}]"
         return OutsideFile(stream, name, name)
-    # A regular file (the server's log) is reopened by criu at its path and position; a
-    # deleted one goes into the image (up to GHOST_LIMIT). criu 4.1 cannot hand an inherited
-    # descriptor to a file named external (it reopens it through a link it will not follow).
+    # A log file is reopened by criu at its path (see ``append_to_logs``); a deleted file
+    # goes into the image (up to GHOST_LIMIT).
     return None
+
+
+def append_to_logs() -> list[int]:
+    """Make the server's stdout/stderr append-only where they are files it writes to (its log,
+    which its kernels inherited: the same open file, so theirs too); the streams changed.
+
+    criu checks at the restore that a regular file has the size it had at the dump, and a log
+    grows while the kernel is away; it skips that check for write-only files in append mode,
+    as logs should be opened anyway (several processes write them).
+    """
+    changed = []
+    for stream in (1, 2):
+        try:
+            if not stat.S_ISREG(os.fstat(stream).st_mode):
+                continue
+            flags = fcntl.fcntl(stream, fcntl.F_GETFL)
+            if flags & os.O_ACCMODE == os.O_WRONLY and not flags & os.O_APPEND:
+                fcntl.fcntl(stream, fcntl.F_SETFL, flags | os.O_APPEND)
+                changed.append(stream)
+        except OSError:
+            continue
+    return changed
 
 
 class Criu:
