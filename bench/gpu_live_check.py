@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.cluster.notebooks import RemoteServer  # noqa: E402
+from tests.server_process import start_server  # noqa: E402
 
 NOTEBOOK = "gpu_live.ipynb"
 
@@ -109,47 +107,6 @@ def gpu_memory() -> tuple[int, set[int]]:
     return sum(int(u) for u in used), {int(p) for p in apps if p.isdigit()}
 
 
-def start_server(
-    work: Path, criu: str, cuda_checkpoint: str
-) -> tuple[subprocess.Popen, RemoteServer]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    token = secrets.token_hex(16)
-    with open(work / "server.log", "wb") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyter",
-                "server",
-                "--allow-root",
-                "--no-browser",
-                f"--port={port}",
-                f"--ServerApp.token={token}",
-                f"--ServerApp.root_dir={work}",
-                "--ServerApp.jpserver_extensions={'jupyter_pause': True}",
-                "--PauseApp.backend=criu",
-                f"--PauseApp.criu_binary={criu}",
-                f"--PauseApp.cuda_checkpoint_binary={cuda_checkpoint}",
-                f"--PauseApp.store_root={work / 'store'}",
-                "--PauseApp.gpus_per_kernel=1",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    server = RemoteServer(f"http://127.0.0.1:{port}", token)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if server.request("GET", "/api/status", timeout=2)[0] == 200:
-                return process, server
-        except OSError:
-            time.sleep(0.3)
-    process.kill()
-    raise SystemExit(f"the server did not start; see {work / 'server.log'}")
-
-
 def event(timeline: dict[str, Any], kind: str) -> dict[str, Any]:
     found = [e for e in timeline["events"] if e["kind"] == kind]
     return found[-1] if found else {"at": float("nan"), "data": {}}
@@ -162,7 +119,17 @@ def check(args: argparse.Namespace, work: Path) -> list[tuple[str, bool, str]]:
         text=True,
         check=True,
     ).stdout.split()[-1]
-    process, server = start_server(work, criu, args.cuda_checkpoint)
+    config = (
+        "c.PauseApp.backend = 'criu'\n"
+        f"c.PauseApp.criu_binary = {criu!r}\n"
+        f"c.PauseApp.cuda_checkpoint_binary = {args.cuda_checkpoint!r}\n"
+        f"c.PauseApp.store_root = {str(work / 'store')!r}\n"
+        "c.PauseApp.gpus_per_kernel = 1\n"
+    )
+    root = work / "notebooks"
+    root.mkdir()
+    started = start_server(work / "server", root, config)
+    server = started.server
     try:
         kernel_id = server.open_notebook(NOTEBOOK)
         server.run(kernel_id, MODEL_CELL.format(mb=args.mb), timeout=600)
@@ -179,8 +146,7 @@ def check(args: argparse.Namespace, work: Path) -> list[tuple[str, bool, str]]:
         after = json.loads(server.run(ready["kernel_id"] or kernel_id, FACTS))
         _, timeline = server.request("GET", f"/jupyter-pause/timeline/{NOTEBOOK}")
     finally:
-        process.terminate()
-        process.wait(30)
+        started.stop()
     snapshot = event(timeline, "snapshot_taken")["data"]
     restored = event(timeline, "state_restored")
     frozen = event(timeline, "kernel_ready")["at"] - event(timeline, "kernel_stopped")["at"]
