@@ -826,7 +826,7 @@ class NotebookStore:
         for checkpoint_id in self.image_ids():
             if checkpoint_id not in checkpoints:
                 freed += self.image_bytes(checkpoint_id)
-                shutil.rmtree(self.image_path(checkpoint_id), ignore_errors=True)
+                _remove_image(self.image_path(checkpoint_id))
         return freed
 
     # -- retention and collection ---------------------------------------------------------------
@@ -1132,3 +1132,12 @@ def known_buffers(
         if (store.path / loc["file"]).exists():
             known[digest] = BufferLocation(loc["file"], loc["offset"], loc["nbytes"])
     return known
+
+
+def _remove_image(folder: Path) -> None:
+    """Delete a process image that will never be restored, its network lock lifted first
+    (criu's nftables table holds the kernel's connections until then)."""
+    from ..backends.criu_tool import unlock_network  # only images need it; stdlib only
+
+    unlock_network(folder)
+    shutil.rmtree(folder, ignore_errors=True)

@@ -9,6 +9,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from jupyter_pause.backends.criu_tool import network_lock_table
+from jupyter_pause.kernel.store import NotebookStore
+
 from ..notebook_tab import NotebookTab
 from ..servers import Server, pause_and_wait
 
@@ -148,7 +151,8 @@ async def test_a_damaged_image_falls_back_to_the_checkpoint_and_says_why(
     assert "process image" in paused["message"], paused
     (images,) = pause_store.glob("damaged.ipynb-*/images/*")
     # (the server's connections to the kernel wait behind criu's network lock meanwhile)
-    assert "CRIU-" in nft_tables()
+    lock = network_lock_table(images)
+    assert lock is not None and f"table {lock}\n" in nft_tables()
 
     # When the image is damaged before the resume (its process tree unreadable)
     (images / "pstree.img").write_bytes(b"\0garbage")
@@ -165,7 +169,26 @@ async def test_a_damaged_image_falls_back_to_the_checkpoint_and_says_why(
     assert restored["how"] == "files" and "could not be restored" in restored["why"], restored
     # and the useless image is gone, its network lock lifted
     assert not images.exists()
-    assert "CRIU-" not in nft_tables()
+    assert f"table {lock}\n" not in nft_tables()
+
+
+async def test_an_image_deleted_with_its_checkpoint_lifts_its_network_lock(
+    server: Server, jp_root_dir: Path, pause_store: Path
+) -> None:
+    # Given a kernel paused with its process image (its connections behind criu's lock)
+    kernel_id = await server.open_notebook("gone.ipynb")
+    await server.run(kernel_id, "x = 1")
+    await pause_and_wait(server, "gone.ipynb")
+    (images,) = pause_store.glob("gone.ipynb-*/images/*")
+    lock = network_lock_table(images)
+    assert lock is not None and f"table {lock}\n" in nft_tables()
+
+    # When its checkpoint is deleted (as retention and gc delete it)
+    NotebookStore(pause_store, str(jp_root_dir / "gone.ipynb")).delete(int(images.name))
+
+    # Then the image goes with it, and so does its network lock
+    assert not images.exists()
+    assert f"table {lock}\n" not in nft_tables()
 
 
 def nft_tables() -> str:
