@@ -642,13 +642,16 @@ class Orchestrator:
                     metrics.pause_finished("failed")
                     return
                 self._set(record, "pausing", "Stopping the kernel and releasing its GPU.")
-            if await self.backend.pauses_running_cells():
+            snapshot = await self.backend.pauses_running_cells()
+            if snapshot:
                 await self._before_process_snapshot(record)
             try:
                 outcome = await self.backend.stop(self._spec(record))
             except Exception as err:  # a backend's bug too: never leave the session "pausing"
                 if not isinstance(err, BackendError):
                     log.exception("jupyter_pause: stopping %s failed", record.path)
+                if snapshot:
+                    await self._after_failed_snapshot(record)
                 intact = self._intact_text((await self._inspect(record)).latest)
                 record.timeline.add("failed", what=f"stop: {err}")
                 self._set(
@@ -720,6 +723,16 @@ class Orchestrator:
             log.info("jupyter_pause: %s before its snapshot: %s", record.path, err)
             return
         record.process_token = answer.get("token") or record.process_token
+
+    async def _after_failed_snapshot(self, record: SessionRecord) -> None:
+        """The kernel runs on: it follows its server again and reopens what it let go of
+        (IPython's history database), as after a restore."""
+        if record.kernel_id is None:
+            return
+        try:
+            await self.bridge.control(record.kernel_id, "identify")
+        except KernelCallError as err:
+            log.info("jupyter_pause: %s after its failed snapshot: %s", record.path, err)
 
     # -- resume ----------------------------------------------------------------------------------
     async def resume(self, path: str) -> SessionRecord:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import sqlite3
 import stat
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +193,44 @@ async def test_an_image_deleted_with_its_checkpoint_lifts_its_network_lock(
     # Then the image goes with it, and so does its network lock
     assert not images.exists()
     assert f"table {lock}\n" not in nft_tables()
+
+
+async def test_other_kernels_writing_the_shared_history_do_not_stop_a_live_resume(
+    server: Server,
+) -> None:
+    # Given two notebooks whose kernels share IPython's history file, one of them paused
+    kernel_id = await server.open_notebook("quiet.ipynb")
+    await server.watched("quiet.ipynb")
+    await server.run(kernel_id, "import os\nkept = iter(range(3))\nnext(kept)")
+    history = (await server.run(kernel_id, "print(get_ipython().history_manager.hist_file)"))[:-1]
+    await pause_and_wait(server, "quiet.ipynb")
+
+    # When the other kernel grows that file while the first is away (criu restores no
+    # process holding a file whose size changed)
+    other = await server.open_notebook("busy.ipynb")
+    size = os.path.getsize(history)
+    await server.run(other, "padding = '" + "x" * 300_000 + "'")
+    await until(lambda: os.path.getsize(history) > size)
+    await server.watched("busy.ipynb")
+    await pause_and_wait(server, "busy.ipynb")  # (its GPU back for the resume)
+
+    # Then the paused kernel still comes back live, and writes its history again
+    ready = await resume_and_wait(server, "quiet.ipynb")
+    assert ready["how"] == "live" and ready["kernel_id"] == kernel_id, ready
+    assert await server.run(kernel_id, "marker_after_resume = next(kept)") == ""
+    await until(lambda: history_has(history, "marker_after_resume = next(kept)"))
+
+
+async def until(check: Any, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.1)
+
+
+def history_has(history: str, source: str) -> bool:
+    with contextlib.closing(sqlite3.connect(history)) as db:
+        return bool(db.execute("SELECT 1 FROM history WHERE source = ?", (source,)).fetchone())
 
 
 def nft_tables() -> str:
