@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,3 +35,20 @@ def jp_server_config(pause_store: Path, criu_binary: str) -> dict:
 @pytest.fixture
 def server_url(jp_http_port: int, jp_base_url: str) -> str:
     return f"http://localhost:{jp_http_port}{jp_base_url}".rstrip("/")
+
+
+def criu_lock_tables() -> set[str]:
+    if shutil.which("nft") is None:  # (criu.sh installs it with criu)
+        return set()
+    done = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True)
+    return {line.split()[-1] for line in done.stdout.splitlines() if " CRIU-" in line}
+
+
+@pytest.fixture(autouse=True)
+def no_network_lock_left() -> Iterator[None]:
+    """A test that leaves a kernel paused (its image goes with tmp_path) leaves criu's
+    network lock of it behind: lifted here, so no test drops another's packets."""
+    before = criu_lock_tables()
+    yield
+    for table in criu_lock_tables() - before:
+        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
