@@ -18,7 +18,7 @@ CHROMIUM      ?= /usr/bin/chromium
 # jlpm scripts call `jupyter builder ...`: make the .venv's jupyter the one they find.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup lab watch test browser lint bench
+.PHONY: setup lab watch test browser lint mutants bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,10 @@ lint: $(SETUP_STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 	$(JLPM) lint
+
+# Plant each bug of tests/mutants/plants.py, run the tests that must catch it, report.
+mutants: $(SETUP_STAMP)
+	$(PY) -m tests.mutants.run --report tests/README.md
 
 bench: $(SETUP_STAMP)
 	$(PY) -c "import dill, kishu" 2>/dev/null || $(PIP) install -e ".[bench]"

@@ -481,22 +481,22 @@ class Orchestrator:
         """Put a checkpoint on the notebook's timeline, once: the kernel announces every one
         (``%checkpoint``, scheduled ones, and those the server asked for)."""
         checkpoint_id = result.get("checkpoint_id")
-        if any(
+        # Checked and added before the first await: the announcement and the server's own
+        # call may race; both then wait for the record of the checkpoint.
+        if not any(
             event.kind == "checkpoint_written" and event.data.get("checkpoint_id") == checkpoint_id
             for event in record.timeline.events
         ):
-            return
-        # Added before the first await: the announcement and the server's own call may race.
-        record.timeline.add(
-            "checkpoint_written",
-            checkpoint_id=checkpoint_id,
-            bytes_written=result.get("bytes_written", 0),
-            bytes_total=result.get("bytes_total", 0),
-            seconds=result.get("seconds", 0.0),
-            skipped=result.get("skipped", {}),
-            reason=result.get("reason", "manual"),
-        )
-        metrics.checkpoint_written(int(result.get("bytes_written", 0)))
+            record.timeline.add(
+                "checkpoint_written",
+                checkpoint_id=checkpoint_id,
+                bytes_written=result.get("bytes_written", 0),
+                bytes_total=result.get("bytes_total", 0),
+                seconds=result.get("seconds", 0.0),
+                skipped=result.get("skipped", {}),
+                reason=result.get("reason", "manual"),
+            )
+            metrics.checkpoint_written(int(result.get("bytes_written", 0)))
         record.checkpoint = (await self._inspect(record)).latest
 
     async def _poll_progress(self, record: SessionRecord) -> None:

@@ -70,10 +70,14 @@ async def test_reading_state_is_not_activity_but_work_is(server: Server) -> None
     # Then the server's last activity has not moved
     assert await _last_activity(server) == before
 
-    # But an edit reported by the frontend, and a cell run, are activity
+    # But an edit reported by the frontend, and a cell run, are activity: for the server, and
+    # for the idle clock of the notebook's session that auto-pause reads
+    session_before = (await server.call("GET", "sessions", "idle.ipynb"))[1]["last_activity"]
     await server.call("POST", "activity", "idle.ipynb")
     after_edit = await _last_activity(server)
     assert after_edit > before
+    session_after = (await server.call("GET", "sessions", "idle.ipynb"))[1]["last_activity"]
+    assert session_after > session_before
     await asyncio.sleep(0.05)
     await server.run(kernel_id, "x = 1")
     assert await _last_activity(server) > after_edit
@@ -84,6 +88,7 @@ async def test_the_servers_own_kernel_requests_are_not_activity(server: Server) 
     kernel_id = await server.open_notebook("quiet.ipynb")
     await server.wait_for("quiet.ipynb", lambda r: r["watching"] and r["process_token"])
     await server.run(kernel_id, "data = list(range(1000))")
+    await server.wait_for("quiet.ipynb", lambda r: not r["busy"])  # the cell's idle has arrived
     await asyncio.sleep(ACTIVITY_SETTLE_SECONDS + 0.3)
     before = await _last_activity(server)
     kernel = server.app.kernel_manager.get_kernel(kernel_id)

@@ -1,4 +1,3 @@
-import { ISession } from '../api';
 import {
   formatBytes,
   formatClock,
@@ -9,34 +8,7 @@ import {
   skippedSummary
 } from '../view';
 
-/** A session JSON as the server answers it, with `fields` replaced. */
-function session(fields: Partial<ISession> = {}): ISession {
-  return {
-    path: 'work/model.ipynb',
-    state: 'active',
-    message: '',
-    since: new Date(2025, 0, 2, 18, 2, 30).getTime() / 1000,
-    kernel_id: 'k1',
-    kernel_name: 'python3',
-    gpus: [0],
-    gpus_needed: 1,
-    progress: null,
-    how: null,
-    restore: null,
-    error: null,
-    checkpoint: null,
-    hold: null,
-    warnings: [],
-    queue_position: null,
-    paused_during_cell: null,
-    busy: false,
-    busy_since: null,
-    execution_count: 3,
-    last_activity: null,
-    watching: true,
-    ...fields
-  };
-}
+import { session } from './fakes';
 
 const restore = {
   checkpoint_id: '20250102-180200',
