@@ -28,7 +28,7 @@ from .orchestrator import Orchestrator
 from .policy import Policy
 from .routes import handlers
 
-BACKENDS = ("auto", "local", "workspace")
+BACKENDS = ("auto", "local", "workspace", "criu")
 
 
 class PauseApp(ExtensionApp):
@@ -44,8 +44,24 @@ class PauseApp(ExtensionApp):
         help="Where paused sessions go. 'local': stop the kernel process on this machine. "
         "'workspace': this server runs in a Kubeflow Workspace pod (GKE Workspaces too); a "
         "pause checkpoints every kernel, snapshots the pod where a GKE PodSnapshotPolicy "
-        "selects it, and pauses the Workspace. 'auto': 'workspace' in a pod with a service "
-        "account token and POD_NAME/POD_NAMESPACE from the downward API, else 'local'.",
+        "selects it, and pauses the Workspace. 'criu': on this machine (root, or "
+        "CAP_CHECKPOINT_RESTORE), snapshot the kernel process itself with CRIU and resume the "
+        "very same process, even in the middle of a running cell; where `criu check` fails, "
+        "pauses are the local backend's and say why. 'auto': 'workspace' in a pod with a "
+        "service account token and POD_NAME/POD_NAMESPACE from the downward API, else 'local'.",
+    ).tag(config=True)
+
+    criu_binary = Unicode(
+        "criu",
+        help="The criu backend's CRIU binary (a path, or a name on PATH). CRIU >= 4.1 on "
+        "Linux >= 6.13 (Debian bookworm's 3.17 fails there); tests/criu/criu.sh builds one.",
+    ).tag(config=True)
+
+    cuda_checkpoint_binary = Unicode(
+        "cuda-checkpoint",
+        help="The criu backend's NVIDIA cuda-checkpoint (driver >= 550): suspends a kernel's "
+        "CUDA context around its process snapshot. Without it, a kernel holding a CUDA context "
+        "is paused from files only.",
     ).tag(config=True)
 
     service_account_dir = Unicode(
@@ -248,6 +264,8 @@ class PauseApp(ExtensionApp):
         if name == "auto":
             found = workspace.detect(self.service_account_dir, dict(os.environ))
             name = "workspace" if found else "local"
+        if name == "criu":
+            return self._criu_backend(serverapp)
         settings = None
         if name == "workspace":
             try:
@@ -273,6 +291,19 @@ class PauseApp(ExtensionApp):
             "jupyter_pause: workspace backend (pod %s/%s)", settings.namespace, settings.pod_name
         )
         return backend, backend.gpus
+
+    def _criu_backend(self, serverapp: Any) -> tuple[Backend, int]:
+        from .backends.criu import CriuBackend, CriuSettings
+
+        backend = CriuBackend(
+            serverapp.kernel_manager,
+            serverapp.session_manager,
+            self.gpu_count,
+            Path(self.store_root),
+            CriuSettings(self.criu_binary, self.cuda_checkpoint_binary),
+        )
+        self.log.info("jupyter_pause: criu backend (%s)", self.criu_binary)
+        return backend, backend.pool.total
 
     def _watch_sigterm(self) -> None:
         """Note a SIGTERM (the platform stopping the pod) before jupyter-server stops: its

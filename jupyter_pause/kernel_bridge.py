@@ -22,10 +22,14 @@ from typing import Any
 import zmq
 from jupyter_client.session import Session
 
+from .kernel import control
 from .kernel.server_calls import REQUEST_MSG_TYPE
 
 log = logging.getLogger(__name__)
 
+#: How long a new iopub subscriber waits for ipykernel's greeting (``iopub_welcome``, sent
+#: by ipykernel >= 7 also while a cell runs) before it asks over the shell channel instead.
+WELCOME_SECONDS = 3.0
 #: How long after our own request its last messages (the kernel's "idle") have reached
 #: jupyter-server's activity tracking, before we take that activity back.
 ACTIVITY_SETTLE_SECONDS = 0.5
@@ -109,6 +113,35 @@ class KernelBridge:
                 )
         return _parse_reply(reply)
 
+    async def control(self, kernel_id: str, op: str, timeout: float = 10.0) -> dict[str, Any]:
+        """Ask the kernel extension over the control channel (``kernel.control``): answered
+        at once, even while a cell runs. KernelCallError when no answer comes."""
+        client = self._client(kernel_id)
+        client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
+        try:
+            request = client.session.msg(control.REQUEST_MSG_TYPE, {"op": op})
+            client.control_channel.send(request)
+            deadline = time.monotonic() + timeout
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise KernelCallError(
+                        f"the kernel did not answer on its control channel within {timeout:.0f} s"
+                        " (jupyter_pause not loaded in it, or an ipykernel older than 6)"
+                    )
+                try:
+                    reply = await client.control_channel.get_msg(timeout=remaining)
+                except Exception:  # queue.Empty from jupyter_client: a timeout
+                    continue
+                if reply["parent_header"].get("msg_id") == request["header"]["msg_id"]:
+                    break
+        finally:
+            client.stop_channels()
+        answer = reply["content"]
+        if not answer.get("ok"):
+            raise KernelCallError(str(answer.get("error") or answer))
+        return answer
+
     def _forget_own_activity(self, kernel_id: str, before: datetime, asked_at: float) -> None:
         """jupyter-server counts every message of a kernel as activity (its ``/api/status``,
         its culler and external idle cullers read it): take back what our own request added,
@@ -140,12 +173,14 @@ class KernelBridge:
         client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
         try:
             # Returns once iopub delivers: from then on no busy/idle message is missed.
-            await client.wait_for_ready(timeout=120)
+            first = await _iopub_ready(client)
             kernel = self.kernel_manager.get_kernel(kernel_id)
             if getattr(kernel, "execution_state", None) == "busy" and not activity.busy:
                 activity.busy, activity.busy_since = True, time.time()  # busy since before we came
             activity.watching = True
             self._watched[kernel_id] = activity
+            if first is not None:
+                await self._on_iopub(first, activity, on_event)
             while True:
                 try:
                     msg = await client.get_iopub_msg(timeout=5)
@@ -198,6 +233,26 @@ class KernelBridge:
             )
         elif kind == REQUEST_MSG_TYPE:
             await on_event("request", dict(msg["content"]))
+
+
+async def _iopub_ready(client: Any) -> dict[str, Any] | None:
+    """Return once the client's iopub subscription delivers; with a message it got meanwhile
+    that the watcher must still see (None when there is none).
+
+    ipykernel >= 7 greets every new subscriber (``iopub_welcome``) from its iopub thread, also
+    while a cell runs (a kernel restored in the middle of one); older kernels are asked over
+    the shell channel, which answers once the running cell is done.
+    """
+    deadline = time.monotonic() + WELCOME_SECONDS
+    while (remaining := deadline - time.monotonic()) > 0:
+        try:
+            msg = await client.get_iopub_msg(timeout=remaining)
+        except Exception:  # queue.Empty: no greeting
+            break
+        # Anything that arrives means the subscription is in place.
+        return None if msg["msg_type"] == "iopub_welcome" else msg
+    await client.wait_for_ready(timeout=120)
+    return None
 
 
 def _parse_reply(reply: dict[str, Any]) -> dict[str, Any]:

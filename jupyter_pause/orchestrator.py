@@ -416,6 +416,8 @@ class Orchestrator:
             kernel_name=record.kernel_name,
             kernel_id=record.kernel_id,
             gpus=record.gpus_needed,
+            checkpoint_id=(record.checkpoint or {}).get("id"),
+            busy=record.activity.busy,
         )
 
     # -- checkpoint ------------------------------------------------------------------------------
@@ -569,12 +571,54 @@ class Orchestrator:
             if record.state == "paused":
                 raise Conflict(f"{path} is already paused")
             self._require_running(record, "pause")
-            await self._wait_idle(record, "pause")
+            cell = None
+            if record.activity.busy and await self.backend.pauses_running_cells():
+                cell = await self._running_cell_pause(record)
+            else:
+                await self._wait_idle(record, "pause")
             record.timeline.add("last_activity", at=record.activity.last_activity or record.started)
-            record.timeline.add("pause_requested", reason=reason)
-            self._set(record, "checkpointing", "Saving the session state.", error=None, how=None)
+            if cell is None:
+                record.timeline.add("pause_requested", reason=reason)
+                self._set(
+                    record, "checkpointing", "Saving the session state.", error=None, how=None
+                )
+            else:
+                record.timeline.add("pause_requested", reason=reason, during_cell=cell)
+                self._set(
+                    record,
+                    "pausing",
+                    f"Pausing during cell [{cell}]: its process is saved as it stands."
+                    + self._fallback_text(record.checkpoint),
+                    error=None,
+                    how=None,
+                )
+            record.paused_during_cell = cell
             self._tasks[path] = asyncio.create_task(self._run_pause(record, reason))
         return record
+
+    async def _running_cell_pause(self, record: SessionRecord) -> int | None:
+        """The cell a busy kernel is paused in (the backend snapshots its process as it runs);
+        Conflict when there is no checkpoint to fall back on if that process cannot come back."""
+        latest = (await self._inspect(record)).latest
+        if latest is None:
+            raise Conflict(
+                f"Cannot pause {record.path} while {self._cell(record)} runs: it has no "
+                "checkpoint yet to fall back on if its process cannot be brought back. Try "
+                "again when the cell finishes (the pause then takes one)."
+            )
+        record.checkpoint = latest
+        return record.activity.execution_count
+
+    @staticmethod
+    def _fallback_text(checkpoint: dict[str, Any] | None) -> str:
+        """`` Checkpoint 3 from 18:02, the last one taken at a safe point, is the fallback.``"""
+        if not checkpoint:
+            return ""
+        when = time.strftime("%H:%M", time.localtime(checkpoint["created"]))
+        return (
+            f" Checkpoint {checkpoint['id']} from {when}, the last one taken at a safe point, "
+            "is the fallback."
+        )
 
     async def _pause_when_idle(self, path: str, reason: str) -> None:
         record = self.records.get(path)
@@ -587,19 +631,27 @@ class Orchestrator:
 
     async def _run_pause(self, record: SessionRecord, reason: str) -> None:
         try:
-            try:
-                await self._checkpoint(record, reason="pause", then="checkpointing")
-            except Conflict:
-                record.timeline.add("failed", what="checkpoint", recovery="session still running")
-                self._set(record, "active", record.message)
-                metrics.pause_finished("failed")
-                return
-            self._set(record, "pausing", "Stopping the kernel and releasing its GPU.")
+            if record.paused_during_cell is None:
+                try:
+                    await self._checkpoint(record, reason="pause", then="checkpointing")
+                except Conflict:
+                    record.timeline.add(
+                        "failed", what="checkpoint", recovery="session still running"
+                    )
+                    self._set(record, "active", record.message)
+                    metrics.pause_finished("failed")
+                    return
+                self._set(record, "pausing", "Stopping the kernel and releasing its GPU.")
+            snapshot = await self.backend.pauses_running_cells()
+            if snapshot:
+                await self._before_process_snapshot(record)
             try:
                 outcome = await self.backend.stop(self._spec(record))
             except Exception as err:  # a backend's bug too: never leave the session "pausing"
                 if not isinstance(err, BackendError):
                     log.exception("jupyter_pause: stopping %s failed", record.path)
+                if snapshot:
+                    await self._after_failed_snapshot(record)
                 intact = self._intact_text((await self._inspect(record)).latest)
                 record.timeline.add("failed", what=f"stop: {err}")
                 self._set(
@@ -607,10 +659,18 @@ class Orchestrator:
                     "active",
                     f"Pause failed: {err}. The session keeps running.",
                     error={"what": f"stop failed: {err}", "recovery": "Nothing was lost." + intact},
+                    paused_during_cell=None,
                 )
                 metrics.pause_finished("failed")
                 return
-            record.timeline.add("kernel_stopped", at=outcome.stopped_at)
+            if outcome.snapshot:
+                record.timeline.add("snapshot_taken", name=outcome.snapshot, **outcome.details)
+            no_snapshot = outcome.details.get("snapshot_problem")
+            record.timeline.add(
+                "kernel_stopped",
+                at=outcome.stopped_at,
+                **({"no_snapshot": no_snapshot} if no_snapshot else {}),
+            )
             if record.gpus or record.gpus_needed:
                 record.timeline.add(
                     "gpu_released",
@@ -627,10 +687,23 @@ class Orchestrator:
             record.activity = KernelActivity()
             saved = format_bytes((record.checkpoint or {}).get("bytes", 0))
             when = time.strftime("%H:%M", time.localtime())
+            message = f"Paused since {when} ({saved} saved)."
+            if record.paused_during_cell is not None:
+                image = format_bytes(outcome.details.get("bytes", 0))
+                message = (
+                    f"Paused during cell [{record.paused_during_cell}] since {when} (process "
+                    f"image {image}); the cell runs on after the resume."
+                    + self._fallback_text(record.checkpoint)
+                )
+            elif outcome.snapshot:
+                image = format_bytes(outcome.details.get("bytes", 0))
+                message = f"Paused since {when} ({saved} saved, process image {image})."
+            elif no_snapshot:
+                message += f" No process image ({no_snapshot}): the resume restores from files."
             self._set(
                 record,
                 "paused",
-                f"Paused since {when} ({saved} saved).",
+                message,
                 kernel_id=None,
                 gpus=[],
                 progress=None,
@@ -638,6 +711,28 @@ class Orchestrator:
             metrics.pause_finished("paused")
         finally:
             self._tasks.pop(record.path, None)
+
+    async def _before_process_snapshot(self, record: SessionRecord) -> None:
+        """The kernel lets go of its parent process (so it may come back under a restarted
+        server) and says who it is (the token its restore must show), on its control channel:
+        a running cell does not delay it. Without an answer, the checkpoint's token stands."""
+        assert record.kernel_id is not None
+        try:
+            answer = await self.bridge.control(record.kernel_id, "release_parent")
+        except KernelCallError as err:
+            log.info("jupyter_pause: %s before its snapshot: %s", record.path, err)
+            return
+        record.process_token = answer.get("token") or record.process_token
+
+    async def _after_failed_snapshot(self, record: SessionRecord) -> None:
+        """The kernel runs on: it follows its server again and reopens what it let go of
+        (IPython's history database), as after a restore."""
+        if record.kernel_id is None:
+            return
+        try:
+            await self.bridge.control(record.kernel_id, "identify")
+        except KernelCallError as err:
+            log.info("jupyter_pause: %s after its failed snapshot: %s", record.path, err)
 
     # -- resume ----------------------------------------------------------------------------------
     async def resume(self, path: str) -> SessionRecord:
@@ -687,6 +782,7 @@ class Orchestrator:
         says (its environment was not proven to be the one that paused); ``note`` says why."""
         started = time.time()
         restoring = False  # once the kernel restores, a failure may have left it half-restored
+        paused_token = record.process_token  # the paused process's (a new kernel's replaces it)
         try:
             record.gpus_needed = self.policy.for_kernelspec(record.kernel_name).gpus
             spec = self._spec(record)
@@ -710,18 +806,21 @@ class Orchestrator:
                 progress={"phase": "starting kernel", "done": 0, "total": 0},
             )
             outcome = await self.backend.restore(spec, allocation)
+            note = note or outcome.details.get("why")
             record.kernel_id = outcome.kernel_id
             await self._attach(record, outcome.kernel_id, record.kernel_name)
             self._set(record, "restoring", "Restoring the session state.")
-            hello = await self.bridge.call(outcome.kernel_id, "hello", timeout=300, key=record.key)
+            hello = await self._hello_after_restore(record, outcome.kernel_id, outcome.live)
             checkpoint = (await self._inspect(record)).latest or {}
-            if (
-                trust_live
-                and hello.get("token")
-                and hello["token"] == checkpoint.get("process_token")
-            ):
-                # The very process that wrote the checkpoint is alive again: a live restore.
-                record.timeline.add("state_restored", how="live", **({"why": note} if note else {}))
+            token = hello.get("token")
+            if trust_live and token and token in (checkpoint.get("process_token"), paused_token):
+                # The very process that paused (or wrote the checkpoint) is alive again.
+                live = {k: v for k, v in outcome.details.items() if k != "why"}
+                if record.paused_during_cell is not None:
+                    live["during_cell"] = record.paused_during_cell
+                record.timeline.add(
+                    "state_restored", how="live", **live, **({"why": note} if note else {})
+                )
                 await self._finish_resume(record, "live", None, started, note)
                 return
             restoring = True
@@ -773,6 +872,16 @@ class Orchestrator:
         finally:
             self._tasks.pop(record.path, None)
 
+    async def _hello_after_restore(
+        self, record: SessionRecord, kernel_id: str, live: bool
+    ) -> dict[str, Any]:
+        """Who the kernel is. A process the backend restored may be in the middle of a cell:
+        it is asked on its control channel, which the cell does not hold up."""
+        if live:
+            with contextlib.suppress(KernelCallError):
+                return await self.bridge.control(kernel_id, "identify", timeout=30)
+        return await self.bridge.call(kernel_id, "hello", timeout=300, key=record.key)
+
     async def _finish_resume(
         self,
         record: SessionRecord,
@@ -786,6 +895,10 @@ class Orchestrator:
         missing: dict[str, str] = {}
         if how == "live":
             message = "Ready: live session restored."
+            if record.paused_during_cell is not None:
+                message = (
+                    f"Ready: live session restored; cell [{record.paused_during_cell}] runs on."
+                )
         else:
             assert result is not None
             missing = restore_shortfall(result)
@@ -808,11 +921,27 @@ class Orchestrator:
                 message += f" Still {holds.what(record)}."
             error = {"what": holds.what(record), "recovery": holds.advice(record)}
             self._set(
-                record, "partial", message, how=how, restore=result, progress=None, error=error
+                record,
+                "partial",
+                message,
+                how=how,
+                restore=result,
+                progress=None,
+                error=error,
+                paused_during_cell=None,
             )
             metrics.resume_finished("partial", ready.at - started)
             return
-        self._set(record, "ready", message, how=how, restore=result, progress=None, error=None)
+        self._set(
+            record,
+            "ready",
+            message,
+            how=how,
+            restore=result,
+            progress=None,
+            error=None,
+            paused_during_cell=None,
+        )
         metrics.resume_finished(how, ready.at - started)
 
     # -- retention hold after an incomplete restore (see holds.py) ------------------------------

@@ -57,6 +57,7 @@ _PERSISTED = (
     "process_token",
     "started",
     "busy_seconds_before",
+    "paused_during_cell",
 )
 
 
@@ -84,6 +85,9 @@ class SessionRecord:
     warnings: list[str] = field(default_factory=list)  # damaged files of this notebook, named
     queue_position: int | None = None
     process_token: str | None = None
+    # The execution count of the cell a pause stopped in its course (it runs on after a live
+    # resume); None when the kernel was idle.
+    paused_during_cell: int | None = None
     started: float = field(default_factory=time.time)
     busy_seconds_before: float = 0.0  # active time of kernels this session had before
     timeline: Timeline = field(default_factory=Timeline)

@@ -240,6 +240,11 @@ export interface ISession {
    */
   warnings: string[];
   queue_position: number | null;
+  /**
+   * The execution count of the cell a pause stopped in its course (it runs on after a live
+   * resume); `null` when the kernel was idle.
+   */
+  paused_during_cell: number | null;
   busy: boolean;
   busy_since: number | null;
   execution_count: number | null;

@@ -355,6 +355,10 @@ export class NotebookPauseModel implements IDisposable {
   private _set(session: ISession | null): void {
     const before = JSON.stringify(this._session);
     this._session = session;
+    if (session?.state === 'paused') {
+      // A live resume brings the same kernel id back: reconnect to it again then.
+      this._reconnectedTo = null;
+    }
     this.applyInterval();
     if (JSON.stringify(session) !== before) {
       this._changed.emit(undefined);

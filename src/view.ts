@@ -338,10 +338,29 @@ function baseView(
         busy: true,
         label: trans.__('Pausing'),
         tone: 'info',
-        tooltip: trans.__('Stopping the kernel and releasing its GPU.')
+        tooltip:
+          typeof session.paused_during_cell === 'number'
+            ? session.message
+            : trans.__('Stopping the kernel and releasing its GPU.')
       };
     case 'paused': {
       const since = formatClock(session.since);
+      if (typeof session.paused_during_cell === 'number') {
+        return {
+          ...base,
+          canResume: true,
+          label: trans.__(
+            'Paused during cell [%1]',
+            session.paused_during_cell
+          ),
+          tone: 'neutral',
+          tooltip: trans.__(
+            'The kernel process is saved in the middle of cell [%1] (since %2) and its GPU released. Resume to let the cell run on; if its process cannot come back, the last checkpoint taken at a safe point is restored instead.',
+            session.paused_during_cell,
+            since
+          )
+        };
+      }
       return {
         ...base,
         canResume: true,

@@ -26,6 +26,20 @@ class Server:
     def orchestrator(self) -> Any:
         return self.app.web_app.settings["jupyter_pause_orchestrator"]
 
+    async def start_extension(self) -> None:
+        """What a server does once it serves (the test server never gets there): start the
+        extension (its backend's start-up checks, the idle monitor)."""
+        (app,) = self.app.extension_manager.extension_apps["jupyter_pause"]
+        await app._start_jupyter_server_extension(self.app)
+
+    async def restart_extension(self) -> None:
+        """What a server restart does to the extension: its memory is gone, the store remains."""
+        (app,) = self.app.extension_manager.extension_apps["jupyter_pause"]
+        await app.stop_extension()
+        app.initialize_settings()
+        await app._start_jupyter_server_extension(self.app)
+        self.app.web_app.settings["jupyter_pause_orchestrator"] = app.orchestrator
+
     async def call(self, method: str, *parts: str, body: Any = None) -> tuple[int, Any]:
         """One request; its answer (or error) must be one the OpenAPI document describes."""
         kwargs: dict[str, Any] = {"method": method}

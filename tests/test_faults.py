@@ -68,15 +68,6 @@ def folder_of(pause_store: Path, notebook: str) -> Path:
     return folder
 
 
-async def restart_extension(server: Server) -> None:
-    """What a server restart does to the extension: its memory is gone, the store remains."""
-    (app,) = server.app.extension_manager.extension_apps["jupyter_pause"]
-    await app.stop_extension()
-    app.initialize_settings()
-    await app._start_jupyter_server_extension(server.app)
-    server.app.web_app.settings["jupyter_pause_orchestrator"] = app.orchestrator
-
-
 async def resume_and_wait(server: Server, path: str) -> dict[str, Any]:
     code, _ = await server.call("POST", "resume", path)
     assert code == 202
@@ -188,7 +179,7 @@ async def test_2_one_bad_file_affects_only_its_notebook(
         (folder / "session.json").write_text(json.dumps({**session, **wrong}))
     else:
         (folder / "session.json").write_text("[]" if damage == "session-list" else '"hello"')
-    await restart_extension(server)
+    await server.restart_extension()
 
     # Then the extension is up: every notebook is listed, the bad file named for its notebook
     _, listing = await server.call("GET", "sessions")
@@ -261,7 +252,7 @@ async def test_4_damaged_newest_manifest_is_skipped_and_moved_aside(
     # When the newest manifest is damaged and the server restarts
     folder = folder_of(pause_store, "four.ipynb")
     (folder / "manifests" / "000002.json").write_text('{"format": 1, "created": ')
-    await restart_extension(server)
+    await server.restart_extension()
 
     # Then the notebook is still there, paused on the newest intact checkpoint
     _, listing = await server.call("GET", "sessions")
@@ -363,7 +354,7 @@ async def test_6_state_is_saved_again_after_a_full_disk(server: Server, tiny_sto
     await pause_and_wait(server, "six.ipynb")
     await server.orchestrator.writer.flush()
     assert json.loads((folder / "session.json").read_text())["state"] == "paused"
-    await restart_extension(server)
+    await server.restart_extension()
     record = await resume_and_wait(server, "six.ipynb")
     assert record["state"] == "ready", record
     code = "import hashlib\nprint(hashlib.sha256(x.tobytes()).hexdigest())"
@@ -482,7 +473,7 @@ async def test_8_a_symlinked_notebook_folder_is_named_and_not_followed(
     (pause_store / "evil-0123456789ab").symlink_to(elsewhere)
 
     # When the server starts and collects
-    await restart_extension(server)
+    await server.restart_extension()
     _, status = await server.call("GET", "status")
     _, collected = await server.call("POST", "gc")
 

@@ -125,11 +125,7 @@ async def test_resume_after_the_extension_restarts(server: Server) -> None:
     await pause_and_wait(server, "restart.ipynb")
 
     # The server's memory is gone; only the store on disk remains
-    (app,) = server.app.extension_manager.extension_apps["jupyter_pause"]
-    await app.stop_extension()
-    app.initialize_settings()
-    await app._start_jupyter_server_extension(server.app)
-    server.app.web_app.settings["jupyter_pause_orchestrator"] = app.orchestrator
+    await server.restart_extension()
 
     _, record = await server.call("GET", "sessions", "restart.ipynb")
     assert record["state"] == "paused"

@@ -80,6 +80,35 @@ def data_bytes(cp: Checkpointer) -> int:
     return sum(p.stat().st_size for p in data_files(cp))
 
 
+def test_a_process_image_is_owner_only_counted_and_never_outlives_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    # Given three checkpoints, and a process image (the criu backend's) beside the newest
+    ns: dict = {}
+    cp = make(tmp_path, ns, keep_last=0)
+    for i in range(3):
+        ns["data"] = np.full(300_000, float(i))  # 2.4 MB each
+        cp.checkpoint()
+    image = cp.store.new_image_folder(3)
+    (image / "pages-1.img").write_bytes(b"p" * 3_000_000)
+    assert oct(image.stat().st_mode & 0o777) == "0o700"
+    assert oct((image.parent).stat().st_mode & 0o777) == "0o700"
+
+    # Then its bytes count for its checkpoint: 6 MB keep only the newest, with its image
+    assert cp.store.apply_retention(keep_last=0, max_bytes=6_000_000) == [1, 2]
+    assert cp.store.image_ids() == [3] and cp.store.image_bytes(3) == 3_000_000
+
+    # And an image whose checkpoint is gone is collected with it
+    orphan = cp.store.new_image_folder(2)
+    (orphan / "pages-1.img").write_bytes(b"p")
+    cp.store.apply_retention(keep_last=0)
+    assert cp.store.image_ids() == [3] and not orphan.exists()
+    ns["data"] = np.zeros(1)
+    cp.checkpoint()
+    cp.store.delete(3)
+    assert cp.store.image_ids() == []
+
+
 def test_large_buffers_get_files_and_mostly_dead_packs_are_compacted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -2,7 +2,9 @@
 
 A pause is: the orchestrator has the kernel write its application checkpoint, then asks the
 backend to ``stop`` the session (snapshotting the process where the platform can) and so
-release its accelerators. A resume is: ``request_resources`` (which may wait in a queue),
+release its accelerators. A backend that ``pauses_running_cells`` (``criu``) is also asked to
+stop a busy kernel, without a new checkpoint: the last one, taken at a safe point, is then the
+fallback of its process snapshot. A resume is: ``request_resources`` (which may wait in a queue),
 then ``restore`` (the same process from a snapshot when possible, else a new process into
 which the orchestrator restores the application checkpoint), and ``release`` when a session
 ends for good. ``describe_resources`` feeds the status API and the metrics.
@@ -40,6 +42,8 @@ class SessionSpec:
     kernel_name: str
     kernel_id: str | None
     gpus: int  # accelerators this session needs while it runs
+    checkpoint_id: int | None = None  # the newest checkpoint: a process snapshot belongs to it
+    busy: bool = False  # a cell runs (only a backend that pauses running cells is asked then)
 
 
 @dataclass
@@ -48,6 +52,8 @@ class StopOutcome:
     gpu_released_at: float | None  # when measured (NVML/nvidia-smi, node freed); else None
     gpu_release_measured: bool
     snapshot: str | None = None  # a memory snapshot id, when the platform took one
+    # What the snapshot took (bytes, seconds), or why there is none (``snapshot_problem``).
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -109,6 +115,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def describe_resources(self) -> ResourceStatus:
         """Accelerators in total, free now, and the waiting queue."""
+
+    async def pauses_running_cells(self) -> bool:
+        """Whether a busy kernel can be paused: its process is snapshotted where it stands and
+        the running cell goes on after the resume. Else a pause waits for the cell."""
+        return False
 
     def adopt(self, session: SessionSpec) -> list[int]:
         """A running kernel was found (started outside a resume): account for what it holds."""

@@ -27,15 +27,28 @@ async def start_kernel(
     kernel_manager: Any, session_manager: Any, session: SessionSpec, env: dict[str, str]
 ) -> str:
     """Start a kernel for the notebook (its session points at it); BackendError if it cannot."""
-    kernel_env = session_manager.get_kernel_env(session.path)
-    kernel_env.update({"JUPYTER_PAUSE_NOTEBOOK": session.key, "JPY_SESSION_NAME": session.key})
-    kernel_env.update(env)
     try:
         kernel_id = await kernel_manager.start_kernel(
-            path=os.path.dirname(session.path), kernel_name=session.kernel_name, env=kernel_env
+            path=os.path.dirname(session.path),
+            kernel_name=session.kernel_name,
+            env=kernel_env(session_manager, session, env),
         )
     except Exception as err:  # no such kernelspec, kernel crashed on start, ...
         raise BackendError(f"could not start a {session.kernel_name} kernel: {err}") from err
+    await open_session(session_manager, session, kernel_id)
+    return kernel_id
+
+
+def kernel_env(session_manager: Any, session: SessionSpec, env: dict[str, str]) -> dict[str, str]:
+    """What a kernel of the notebook starts with: jupyter-server's, and the notebook's key."""
+    kernel_env = session_manager.get_kernel_env(session.path)
+    kernel_env.update({"JUPYTER_PAUSE_NOTEBOOK": session.key, "JPY_SESSION_NAME": session.key})
+    kernel_env.update(env)
+    return kernel_env
+
+
+async def open_session(session_manager: Any, session: SessionSpec, kernel_id: str) -> None:
+    """The notebook's jupyter-server session, pointing at ``kernel_id`` (JupyterLab finds it)."""
     await session_manager.create_session(
         path=session.path,
         name=os.path.basename(session.path),
@@ -43,4 +56,3 @@ async def start_kernel(
         kernel_name=session.kernel_name,
         kernel_id=kernel_id,
     )
-    return kernel_id

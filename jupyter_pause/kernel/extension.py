@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from . import api
+from . import api, control
 from .magics import CheckpointMagics
 from .schedule import Scheduler
 from .server_calls import request_from_server
@@ -40,6 +40,8 @@ def load(shell: Any) -> api.Checkpointer:
     shell.register_magics(CheckpointMagics(shell, checkpointer))
     checkpointer.on_checkpoint.append(_announce_to_server)
     shell.configurables.append(checkpointer)  # so `%config Checkpointer.keep_last = 10` works
+    # Control requests are answered even while a cell runs (the criu backend pauses those).
+    control.install(getattr(shell, "kernel", None))
     setattr(shell, _ATTR, checkpointer)
     api.set_current(checkpointer)
     return checkpointer
@@ -57,6 +59,7 @@ def unload(shell: Any) -> None:
     shell.magics_manager.registry.pop("CheckpointMagics", None)
     with contextlib.suppress(ValueError):
         shell.configurables.remove(checkpointer)
+    control.uninstall(getattr(shell, "kernel", None))
     delattr(shell, _ATTR)
     api.set_current(None)
 

@@ -12,6 +12,8 @@ Layout of ``<root>/<notebook-slug>-<hash>/``::
                            neither hide the intact checkpoints nor block new ones
     hold.json              present while retention is held (a restore did not bring everything
                            back): no checkpoint is deleted until the user decides
+    images/000007/         the process image (criu backend) of a kernel paused with checkpoint 7
+                           as its safety net: collected with that checkpoint, never after it
 
 Every data file is named by (or indexed by) the xxh3-128 hash of its content and never
 rewritten: a kernel may still have it memory-mapped, so new data always goes to a new file
@@ -31,6 +33,7 @@ import json
 import mmap
 import os
 import re
+import shutil
 import stat
 import sys
 import threading
@@ -55,6 +58,7 @@ _ALIGN = 64  # small buffers: 64 suits every dtype and SIMD loads
 COMPACT_BELOW = 0.5
 _FSYNC_AT_MOST = 4  # more data files than this are flushed with one syncfs
 _MANIFEST_RE = re.compile(r"^(\d{6,})\.json$")
+_IMAGE_RE = re.compile(r"^(\d{6,})$")
 _TMP_RE = re.compile(r"^(\d{6,})-(\d+)\.")
 _COMPACT_TMP_RE = re.compile(r"^compact-(\d+)\.")
 # A data file a manifest may name: inside blobs/ or packs/, never a way out of the folder.
@@ -849,6 +853,43 @@ class NotebookStore:
         """Forget our references; live arrays keep their own maps alive as long as they need."""
         self._maps.clear()
 
+    # -- process images (criu backend) ----------------------------------------------------------
+    def image_path(self, checkpoint_id: int) -> Path:
+        """The folder of the process image that belongs to checkpoint ``checkpoint_id``."""
+        return self.path / "images" / f"{checkpoint_id:06d}"
+
+    def new_image_folder(self, checkpoint_id: int) -> Path:
+        """An empty owner-only folder for the image of checkpoint ``checkpoint_id`` (an older
+        image of it, never restored, is replaced)."""
+        self.prepare()
+        _ensure_private_dir(self.path / "images")
+        folder = self.image_path(checkpoint_id)
+        shutil.rmtree(folder, ignore_errors=True)
+        _ensure_private_dir(folder)
+        return folder
+
+    def image_ids(self) -> list[int]:
+        try:
+            entries = os.listdir(self.path / "images")
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(int(m.group(1)) for e in entries if (m := _IMAGE_RE.match(e)))
+
+    def image_bytes(self, checkpoint_id: int) -> int:
+        folder = self.image_path(checkpoint_id)
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            return sum(e.stat().st_size for e in os.scandir(folder) if e.is_file())
+        return 0
+
+    def _collect_images(self, checkpoints: set[int]) -> int:
+        """Delete the images whose checkpoint is gone; bytes freed."""
+        freed = 0
+        for checkpoint_id in self.image_ids():
+            if checkpoint_id not in checkpoints:
+                freed += self.image_bytes(checkpoint_id)
+                _remove_image(self.image_path(checkpoint_id))
+        return freed
+
     # -- retention and collection ---------------------------------------------------------------
     def delete(self, checkpoint_id: int) -> None:
         with self.locked():
@@ -899,7 +940,7 @@ class NotebookStore:
                     for loc in manifests[i]["buffers"].values()
                     if (loc["file"], loc["offset"]) not in seen
                 }
-                extra = sum(spans.values())
+                extra = sum(spans.values()) + self.image_bytes(i)
                 if total + extra > max_bytes and i != newest:
                     doomed.add(i)
                     continue
@@ -921,6 +962,7 @@ class NotebookStore:
         manifests, unreadable = self.scan()
         if unreadable:
             return 0
+        freed = self._collect_images(set(manifests))
         live: dict[str, int] = {}
         for manifest in manifests.values():
             for loc in manifest["buffers"].values():
@@ -933,7 +975,6 @@ class NotebookStore:
         }
         for (name, _offset), nbytes in spans.items():
             live[name] += nbytes
-        freed = 0
         for folder in ("blobs", "packs"):
             for dirpath, _dirs, files in os.walk(self.path / folder):
                 for name in files:
@@ -1152,3 +1193,12 @@ def known_buffers(
         if (store.path / loc["file"]).exists():
             known[digest] = BufferLocation(loc["file"], loc["offset"], loc["nbytes"])
     return known
+
+
+def _remove_image(folder: Path) -> None:
+    """Delete a process image that will never be restored, its network lock lifted first
+    (criu's nftables table holds the kernel's connections until then)."""
+    from ..backends.criu_tool import unlock_network  # only images need it; stdlib only
+
+    unlock_network(folder)
+    shutil.rmtree(folder, ignore_errors=True)

@@ -71,6 +71,7 @@ export function session(fields: Partial<ISession> = {}): ISession {
     hold: null,
     warnings: [],
     queue_position: null,
+    paused_during_cell: null,
     busy: false,
     busy_since: null,
     execution_count: 3,

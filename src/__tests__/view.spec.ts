@@ -141,6 +141,32 @@ describe('sessionView', () => {
     expect(view.busy).toBe(false);
   });
 
+  it('paused during a cell: which one, and that it runs on after the resume', () => {
+    const view = sessionView(
+      session({
+        state: 'paused',
+        kernel_id: null,
+        paused_during_cell: 12,
+        checkpoint: { id: 'c1', created: 0, bytes: 3_100_000_000 }
+      })
+    );
+    expect(view.label).toBe('Paused during cell [12]');
+    expect(view.tooltip).toContain('in the middle of cell [12] (since 18:02)');
+    expect(view.tooltip).toContain('last checkpoint taken at a safe point');
+    expect(view.canResume).toBe(true);
+    expect(view.canPause).toBe(false);
+  });
+
+  it('pausing during a cell says what the server says', () => {
+    const message =
+      'Pausing during cell [12]: its process is saved as it stands.';
+    const view = sessionView(
+      session({ state: 'pausing', paused_during_cell: 12, message })
+    );
+    expect(view.label).toBe('Pausing');
+    expect(view.tooltip).toBe(message);
+  });
+
   it('paused without checkpoint info', () => {
     expect(sessionView(session({ state: 'paused' })).label).toBe(
       'Paused since 18:02'

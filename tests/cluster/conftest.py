@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from .control_plane import CannotRun, ControlPlane, apiserver_binary
+from ..built_tools import CannotRun
+from .control_plane import ControlPlane, apiserver_binary
 from .players import PlayedCluster
 
 CRDS = Path(__file__).resolve().parent / "crds"

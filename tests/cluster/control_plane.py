@@ -11,9 +11,7 @@ package, then cached); etcd is Debian's ``etcd-server``.
 
 from __future__ import annotations
 
-import os
 import secrets
-import shutil
 import socket
 import subprocess
 import time
@@ -23,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from ..built_tools import built
+
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "kube-apiserver.sh"
 #: API groups of the test CRDs (created through the custom objects API).
@@ -31,34 +31,12 @@ CUSTOM_GROUPS = ("kubeflow.org", "podsnapshot.gke.io")
 AUDIENCE = "https://kubernetes.default.svc"
 
 
-class CannotRun(Exception):
-    """The recipe cannot run on this machine at all (the reason says why)."""
-
-
 def apiserver_binary() -> str:
     """The cached kube-apiserver, built first when this machine has none (~10-14 min)."""
-    cached = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, env=_build_env(probe=True)
+    return built(
+        BUILD_SCRIPT,
+        "the cluster tests need a kube-apiserver and etcd, built from Debian's source package",
     )
-    if cached.returncode == 0 and cached.stdout.strip():
-        return cached.stdout.strip().splitlines()[-1]
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise CannotRun(
-            "the cluster tests need a kube-apiserver and etcd, built from Debian's source "
-            "package by tests/cluster/kube-apiserver.sh, which needs root and apt-get "
-            f"(uid {os.geteuid()}, apt-get {'found' if shutil.which('apt-get') else 'missing'})"
-        )
-    built = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True)
-    if built.returncode != 0:
-        raise RuntimeError(f"building kube-apiserver failed:\n{built.stderr[-4000:]}")
-    return built.stdout.strip().splitlines()[-1]
-
-
-def _build_env(probe: bool) -> dict[str, str]:
-    env = dict(os.environ)
-    if probe:  # only answer from the cache: never start a 15-minute build to find out
-        env["JUPYTER_PAUSE_CACHE_ONLY"] = "1"
-    return env
 
 
 def free_port() -> int:

@@ -12,10 +12,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
 from typing import Any
 
 from .. import openapi_contract
+from ..notebook_tab import NotebookTab
 
 
 class RemoteServer:
@@ -81,69 +81,13 @@ class RemoteServer:
         asyncio.run(self._run(kernel_id, code, 0.0, wait=False))
 
     async def _run(self, kernel_id: str, code: str, timeout: float, wait: bool = True) -> str:
-        from tornado.websocket import websocket_connect
-
-        ws_url = self.url.replace("http://", "ws://") + f"/api/kernels/{kernel_id}/channels"
-        request_url = f"{ws_url}?session_id={uuid.uuid4().hex}"
-        connection = await websocket_connect(_authorized(request_url, self.token))
-        msg_id = uuid.uuid4().hex
-        connection.write_message(
-            json.dumps(
-                {
-                    "header": {
-                        "msg_id": msg_id,
-                        "username": "test",
-                        "session": uuid.uuid4().hex,
-                        "msg_type": "execute_request",
-                        "version": "5.3",
-                        "date": "",
-                    },
-                    "parent_header": {},
-                    "metadata": {},
-                    "content": {
-                        "code": code,
-                        "silent": False,
-                        "store_history": True,
-                        "user_expressions": {},
-                        "allow_stdin": False,
-                        "stop_on_error": True,
-                    },
-                    "channel": "shell",
-                    "buffers": [],
-                }
-            )
-        )
-        out: list[str] = []
-        errors: list[str] = []
-        deadline = time.monotonic() + timeout
+        tab = await NotebookTab.open(self.url, self.token, kernel_id)
         try:
-            while wait:
-                left = deadline - time.monotonic()
-                assert left > 0, f"no answer from kernel {kernel_id} in {timeout} s"
-                raw = await asyncio.wait_for(connection.read_message(), left)
-                assert raw is not None, "the kernel websocket closed"
-                msg = json.loads(raw)
-                if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                    continue
-                kind = msg["msg_type"]
-                if kind == "stream":
-                    out.append(msg["content"]["text"])
-                elif kind == "error":
-                    errors.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
-                elif kind == "status" and msg["content"]["execution_state"] == "idle":
-                    break
-            if not wait:  # the request is on its way once the kernel says it is busy with it
-                while True:
-                    msg = json.loads(await asyncio.wait_for(connection.read_message(), 30) or "{}")
-                    if msg.get("parent_header", {}).get("msg_id") == msg_id:
-                        break
+            msg_id = tab.execute(code)
+            if wait:
+                return await tab.output(msg_id, timeout)
+            # the request is on its way once the kernel says something about it
+            await tab.next_message(msg_id, 30)
+            return ""
         finally:
-            connection.close()
-        assert not errors, errors
-        return "".join(out)
-
-
-def _authorized(url: str, token: str) -> Any:
-    from tornado.httpclient import HTTPRequest
-
-    return HTTPRequest(url, headers={"Authorization": f"token {token}"})
+            tab.close()

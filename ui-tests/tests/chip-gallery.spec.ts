@@ -31,6 +31,7 @@ const BASE = {
   error: null,
   checkpoint: null,
   queue_position: null,
+  paused_during_cell: null,
   busy: false,
   busy_since: null,
   execution_count: 1,
