@@ -28,20 +28,10 @@ import json, os, signal, sys
 import numpy as np
 from jupyter_pause.kernel import store as store_mod
 from jupyter_pause.kernel.api import Checkpointer
+from tests.test_crash_points import stage_values
 
 store_root, key, stage, kill_at, large = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
-values = {
-    "counter": stage,
-    "text": f"stage {stage} " * 50,
-    "table": {"rows": list(range(stage, stage + 100))},
-    "small": np.full(3000, stage, dtype=np.int64),
-    "view": None,
-}
-if large:
-    values["big"] = np.full((64 << 20) // 8 + 4096, float(stage))
-    values["view"] = values["big"][4096:]  # shares the big buffer, at an offset
-else:
-    values["view"] = values["small"][7:]
+values = stage_values(stage, large)
 
 steps = []
 
@@ -82,7 +72,12 @@ sys.stdout.write(json.dumps(steps) + "\n")
 """
 
 
-def expected(stage: int, large: bool) -> dict:
+ROOT = Path(__file__).resolve().parents[1]
+VIEW_OFFSET = {False: 7, True: 4096}  # where ``view`` starts in its base
+
+
+def stage_values(stage: int, large: bool) -> dict:
+    """The notebook state of one stage (the child saves it, the parent checks against it)."""
     values = {
         "counter": stage,
         "text": f"stage {stage} " * 50,
@@ -91,6 +86,8 @@ def expected(stage: int, large: bool) -> dict:
     }
     if large:
         values["big"] = np.full((64 << 20) // 8 + 4096, float(stage))
+    # shares its base's buffer, at an offset
+    values["view"] = values["big" if large else "small"][VIEW_OFFSET[large] :]
     return values
 
 
@@ -110,6 +107,7 @@ def save(root: Path, stage: int, large: bool, kill_at: int = -1) -> list[str]:
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=ROOT,  # the child imports ``tests``
     )
     if kill_at < 0:
         assert done.returncode == 0, done.stderr
@@ -124,8 +122,8 @@ def restored_stage(root: Path, large: bool) -> int:
     result = Checkpointer(namespace, key=str(root / "nb.ipynb"), store_root=str(root)).restore()
     assert result.complete, result.summary()
     stage = namespace["counter"]
-    want = expected(stage, large)
-    assert set(namespace) == {*want, "view"}
+    want = stage_values(stage, large)
+    assert set(namespace) == set(want)
     for name, value in want.items():
         if isinstance(value, np.ndarray):
             np.testing.assert_array_equal(namespace[name], value, err_msg=name)
@@ -133,11 +131,9 @@ def restored_stage(root: Path, large: bool) -> int:
             assert namespace[name] == value, name
     # the view comes back as a view of its base, at its offset
     base = namespace["big" if large else "small"]
-    offset = 4096 if large else 7
-    np.testing.assert_array_equal(namespace["view"], base[offset:])
     assert np.shares_memory(namespace["view"], base)
     assert namespace["view"].__array_interface__["data"][0] == (
-        base.__array_interface__["data"][0] + offset * base.itemsize
+        base.__array_interface__["data"][0] + VIEW_OFFSET[large] * base.itemsize
     )
     return stage
 
