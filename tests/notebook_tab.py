@@ -15,6 +15,8 @@ from typing import Any
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
+from jupyter_pause.drill.client import execute_request
+
 
 class NotebookTab:
     """One open kernel websocket; ``close`` it when the tab closes."""
@@ -35,24 +37,8 @@ class NotebookTab:
     def execute(self, code: str) -> str:
         """Send a cell to run; returns its request id (follow it with ``output``)."""
         msg_id = uuid.uuid4().hex
-        header = {
-            "msg_id": msg_id,
-            "username": "test",
-            "session": self.session,
-            "msg_type": "execute_request",
-            "version": "5.3",
-            "date": "",
-        }
-        content = {
-            "code": code,
-            "silent": False,
-            "store_history": True,
-            "user_expressions": {},
-            "allow_stdin": False,
-            "stop_on_error": True,
-        }
-        message = {"header": header, "parent_header": {}, "metadata": {}, "content": content}
-        self.connection.write_message(json.dumps({**message, "channel": "shell", "buffers": []}))
+        message = execute_request(msg_id, self.session, code, username="test")
+        self.connection.write_message(json.dumps(message))
         return msg_id
 
     async def next_message(self, msg_id: str, timeout: float) -> dict[str, Any]:

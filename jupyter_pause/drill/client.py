@@ -139,7 +139,7 @@ class ServerClient(cli.Client):
         started = time.time()
         connection = await asyncio.wait_for(websocket_connect(request), timeout)
         msg_id = uuid.uuid4().hex
-        connection.write_message(json.dumps(_execute_request(msg_id, session, code)))
+        connection.write_message(json.dumps(execute_request(msg_id, session, code)))
         out: list[str] = []
         error = None
         replied = idle = False
@@ -172,12 +172,15 @@ class ServerClient(cli.Client):
         return CellRun("".join(out), error, done - started, done)
 
 
-def _execute_request(msg_id: str, session: str, code: str) -> dict[str, Any]:
+def execute_request(
+    msg_id: str, session: str, code: str, username: str = "pause-drill"
+) -> dict[str, Any]:
+    """A cell to run, as a notebook tab sends it on the server's kernel websocket."""
     return {
         "header": {
             "msg_id": msg_id,
             "session": session,
-            "username": "pause-drill",
+            "username": username,
             "msg_type": "execute_request",
             "version": "5.3",
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
