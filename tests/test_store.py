@@ -226,11 +226,14 @@ def test_prefetch_maps_every_page_of_every_buffer_before_the_restore_reads_it(
     digests = list(manifest["buffers"])
     addresses = buffer_addresses(store, manifest)
     assert sum(unmapped_pages(*addresses[d]) for d in digests) > 0  # mapped, nothing touched
-    with store.prefetching(manifest, digests) as prefetch:
+    prefetch = store.start_prefetch(manifest, digests)
+    try:
         for digest in digests:
             prefetch.wait(digest)
             # mapped, not only read: the restore's first touch of a page costs no fault
             assert unmapped_pages(*addresses[digest]) == 0, digest
+    finally:
+        prefetch.join()
     store.release_maps()
 
 
@@ -242,8 +245,8 @@ def test_restore_falls_back_where_the_kernel_lacks_populate_read(
     monkeypatch.setattr(store_mod, "_MADV_POPULATE_READ", 0x7FFF)  # unknown advice: EINVAL
     store = make(tmp_path, {}).store
     manifest = store.read_manifest(store.latest_id())
-    with store.prefetching(manifest, list(manifest["buffers"])) as prefetch:
-        pass
+    prefetch = store.start_prefetch(manifest, list(manifest["buffers"]))
+    prefetch.join()
     assert prefetch._advice == store_mod._MADV_WILLNEED
     store.release_maps()
     fresh: dict = {}

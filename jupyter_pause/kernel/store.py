@@ -782,28 +782,11 @@ class NotebookStore:
         self._maps[name] = mapped
         return mapped
 
-    @contextlib.contextmanager
-    def prefetching(
-        self, manifest: dict[str, Any], digests: list[str]
-    ) -> Iterator[Prefetch | None]:
-        """Fault the buffers ``digests`` of ``manifest`` in on worker threads, in that order,
-        while the block runs (None when there is nothing to fetch, or no C library to ask:
-        not Linux). The block ``wait``s for a buffer before reading it; leaving the block
-        waits for the workers, and an error drops what they have not started."""
-        prefetch = self.start_prefetch(manifest, digests)
-        try:
-            yield prefetch
-        except BaseException:
-            if prefetch is not None:
-                prefetch.cancel()  # a failed restore has no use for the rest of the data
-            raise
-        finally:
-            if prefetch is not None:
-                prefetch.join()
-
     def start_prefetch(self, manifest: dict[str, Any], digests: list[str]) -> Prefetch | None:
-        """A ``Prefetch`` of the mapped buffers ``digests`` (see ``prefetching``); the caller
-        ``join``s it before the maps may go."""
+        """Fault the mapped buffers ``digests`` of ``manifest`` in on worker threads, in that
+        order (None when there is nothing to fetch, or no C library to ask: not Linux). The
+        reader ``wait``s for a buffer before touching it; the caller ``join``s the prefetch
+        before the maps may go (``cancel`` first drops what the workers have not started)."""
         if _LIBC is None:
             return None
         buffers = []
