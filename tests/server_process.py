@@ -35,6 +35,47 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def server_config(port: int, token: str, root_dir: Path) -> str:
+    """The config lines of every test server: loopback, a token, its root, no browser."""
+    return (
+        f"c.ServerApp.port = {port}\n"
+        "c.ServerApp.ip = '127.0.0.1'\n"
+        f"c.IdentityProvider.token = {token!r}\n"
+        f"c.ServerApp.root_dir = {str(root_dir)!r}\n"
+        "c.ServerApp.open_browser = False\n"
+        "c.ServerApp.allow_root = True\n"
+    )
+
+
+def spawn_server(
+    config_file: Path, env: dict[str, str], cwd: Path, log: Path
+) -> subprocess.Popen[bytes]:
+    """``jupyter_server --config=config_file`` in its own process, its output in ``log``."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "jupyter_server", f"--config={config_file}"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+        )
+
+
+def wait_serving(process: subprocess.Popen[bytes], url: str, token: str, log: Path) -> None:
+    """Until the server answers ``/api/status``; AssertionError with its log if it exits or
+    does not answer within a minute."""
+    deadline = time.monotonic() + 60
+    while True:
+        if process.poll() is not None:
+            raise AssertionError(f"the server exited:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2):
+                return
+        except (urllib.error.URLError, OSError):
+            assert time.monotonic() < deadline, f"no answer from the server:\n{log.read_text()}"
+            time.sleep(0.2)
+
+
 def start_server(workdir: Path, root_dir: Path, config: str) -> ServerProcess:
     """A server serving ``root_dir``, its files in ``workdir``; ``config``: more config lines."""
     workdir.mkdir(parents=True)
@@ -42,34 +83,13 @@ def start_server(workdir: Path, root_dir: Path, config: str) -> ServerProcess:
     config_file = workdir / "jupyter_server_config.py"
     config_file.write_text(
         "c.ServerApp.jpserver_extensions = {'jupyter_pause': True}\n"
-        f"c.ServerApp.port = {port}\n"
-        "c.ServerApp.ip = '127.0.0.1'\n"
-        f"c.IdentityProvider.token = {token!r}\n"
-        f"c.ServerApp.root_dir = {str(root_dir)!r}\n"
-        "c.ServerApp.open_browser = False\n"
-        "c.ServerApp.allow_root = True\n" + config
+        + server_config(port, token, root_dir)
+        + config
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")}
     env.update(JUPYTER_RUNTIME_DIR=str(workdir / "runtime"), JUPYTER_CONFIG_DIR=str(workdir))
     log = workdir / "server.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_server", f"--config={config_file}"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=root_dir,
-        )
+    process = spawn_server(config_file, env, root_dir, log)
     started = ServerProcess(process, RemoteServer(f"http://127.0.0.1:{port}", token), log)
-    deadline = time.monotonic() + 60
-    while True:
-        if process.poll() is not None:
-            raise AssertionError(f"the server exited:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(
-                f"{started.server.url}/api/status?token={token}", timeout=2
-            ):
-                return started
-        except (urllib.error.URLError, OSError):
-            assert time.monotonic() < deadline, f"no answer from the server:\n{log.read_text()}"
-            time.sleep(0.2)
+    wait_serving(process, started.server.url, token, log)
+    return started

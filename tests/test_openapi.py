@@ -11,7 +11,6 @@ import json
 import os
 import re
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from jupyter_pause.records import STATES
 from jupyter_pause.routes import handlers
 
 from . import openapi_contract
+from .server_process import free_port
 
 #: Requests schemathesis makes per endpoint and phase: bounded, so the suite stays fast.
 FUZZ_EXAMPLES = 100
@@ -75,12 +75,6 @@ async def test_unknown_endpoints_answer_json_404(jp_fetch: Any) -> None:
 
 
 # -- fuzzing a real server ------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _request(url: str, token: str, method: str = "GET", body: Any = None) -> Any:
     request = urllib.request.Request(url, method=method)
     request.add_header("Authorization", f"token {token}")
@@ -93,7 +87,7 @@ def _request(url: str, token: str, method: str = "GET", body: Any = None) -> Any
 @pytest.fixture
 def live_server(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """``jupyter server`` in its own process with jupyter_pause, one notebook's kernel running."""
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     config = tmp_path / "config"
     config.mkdir()
     (config / "jupyter_server_config.json").write_text(

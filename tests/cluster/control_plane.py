@@ -12,7 +12,6 @@ package, then cached); etcd is Debian's ``etcd-server``.
 from __future__ import annotations
 
 import secrets
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 import yaml
 
 from ..built_tools import built
+from ..server_process import free_port
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "kube-apiserver.sh"
@@ -37,12 +37,6 @@ def apiserver_binary() -> str:
         BUILD_SCRIPT,
         "the cluster tests need a kube-apiserver and etcd, built from Debian's source package",
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _openssl(*args: str, cwd: Path) -> None:

@@ -29,20 +29,18 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import traceback
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from .control_plane import AUDIENCE, ControlPlane, free_port
+from ..server_process import free_port, server_config, spawn_server, wait_serving
+from .control_plane import AUDIENCE, ControlPlane
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -487,12 +485,8 @@ class PlayedCluster:
             "c.PauseApp.monitor_interval_seconds = 3600.0\n"
             "c.PauseApp.busy_wait_seconds = 5.0\n"
             f"c.PauseApp.gpu_count = {play.gpus}\n"  # the GPU the pod's container is given
-            f"c.ServerApp.port = {port}\n"
-            "c.ServerApp.ip = '127.0.0.1'\n"
-            f"c.IdentityProvider.token = {play.jupyter_token!r}\n"
-            f"c.ServerApp.root_dir = {str(play.home)!r}\n"
-            "c.ServerApp.open_browser = False\n"
-            "c.ServerApp.allow_root = True\n" + play.extra_config
+            + server_config(port, play.jupyter_token, play.home)
+            + play.extra_config
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "KUBERNETES"))}
         env.update(
@@ -505,31 +499,11 @@ class PlayedCluster:
             JUPYTER_CONFIG_DIR=str(workdir / "config"),
         )
         log = workdir / "server.log"
-        with open(log, "wb") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "jupyter_server", f"--config={config}"],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=play.home,
-            )
+        process = spawn_server(config, env, play.home, log)
         pod = PodProcess(uid, process, port, play.jupyter_token, workdir, log)
-        self._wait_serving(pod)
+        wait_serving(process, pod.url, pod.token, log)
         threading.Thread(target=self._gvisor_agent, args=(play, pod, gvisor), daemon=True).start()
         return pod
-
-    @staticmethod
-    def _wait_serving(pod: PodProcess) -> None:
-        def up() -> bool:
-            if pod.process.poll() is not None:
-                raise AssertionError(f"the pod's server exited:\n{pod.log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{pod.url}/api/status?token={pod.token}", timeout=2):
-                    return True
-            except (urllib.error.URLError, OSError):
-                return False
-
-        wait_for(up, 60, "the pod's jupyter server to answer")
 
     # -- snapshot agent ---------------------------------------------------------------------------
     def _gvisor_agent(self, play: WorkspacePlay, pod: PodProcess, path: Path) -> None:

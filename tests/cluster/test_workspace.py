@@ -386,7 +386,7 @@ def test_a_forbidden_pause_names_the_rbac_verb_and_the_kernel_keeps_running(
 def test_an_unreachable_api_server_fails_the_pause_clearly_and_nothing_changes(
     cluster: PlayedCluster, tmp_path: Path
 ) -> None:
-    from .control_plane import free_port
+    from ..server_process import free_port
 
     # Given a workspace pod that cannot reach the API server (a closed port)
     play = cluster.create_workspace("lab", tmp_path / "home")
