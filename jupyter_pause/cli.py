@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from .formatting import format_bytes, format_reasons
+from .formatting import format_bytes, format_duration, format_reasons
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -73,19 +73,6 @@ class CliError(Exception):
 
 
 # -- formatting -----------------------------------------------------------------------------------
-
-
-def format_duration(seconds: float | None) -> str:
-    """Seconds as ``4.1 s``, ``12 min 5 s`` or ``3 h 02 min``; ``-`` when unknown."""
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
 
 
 def format_time(at: float | None, with_date: bool = True) -> str:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import metrics
 from .backends.base import BackendError, EnvironmentBackend, EnvironmentFacts, SnapshotOutcome
-from .formatting import format_bytes
+from .formatting import format_bytes, format_duration
 from .kernel import store as store_mod
 from .kernel.token import process_token
 from .records import SessionRecord
@@ -47,15 +47,6 @@ log = logging.getLogger(__name__)
 ENVIRONMENT_FILE = "environment.json"
 #: Seconds the SIGTERM checkpoint may take by default: under Kubernetes' default grace of 30 s.
 PLATFORM_BUDGET_SECONDS = 25.0
-
-
-def format_duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    minutes = seconds / 60
-    if minutes < 90:
-        return f"{minutes:.0f} min"
-    return f"{minutes / 60:.1f} h"
 
 
 def cold_start_reason(disk: dict[str, Any], facts: EnvironmentFacts | None, error: str = "") -> str:

@@ -1,4 +1,4 @@
-"""How sizes and reasons read in messages, the CLI and the magics (one place, one style)."""
+"""How sizes, durations and reasons read in messages, the CLI and the magics (one place, one style)."""
 
 from __future__ import annotations
 
@@ -20,3 +20,16 @@ def format_reasons(reasons: dict[str, str], separator: str = ", ") -> str:
 def format_count(n: int, noun: str) -> str:
     """``1, "variable"`` -> ``"1 variable"``; ``2`` -> ``"2 variables"``."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def format_duration(seconds: float | None) -> str:
+    """Seconds as ``4.1 s``, ``12 min 5 s`` or ``3 h 02 min``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"

@@ -34,11 +34,10 @@ from .cli import (
     EXIT_UNKNOWN,
     EXIT_USAGE,
     CliError,
-    format_duration,
     format_time,
     print_json,
 )
-from .formatting import format_bytes
+from .formatting import format_bytes, format_duration
 
 #: KubeError kinds and the exit codes they become.
 KUBE_EXIT_CODES = {

@@ -6,8 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..cli import format_duration
-from ..formatting import format_bytes
+from ..formatting import format_bytes, format_duration
 from ..markdown import md_table, pyplot, save
 from .study import RELEASE_SHARE
 
