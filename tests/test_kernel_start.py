@@ -48,11 +48,17 @@ async def _last_activity(server: Server) -> str:
     return json.loads(response.body)["last_activity"]
 
 
+async def _settled(server: Server, path: str) -> None:
+    """Wait until the kernel is idle and the server's own startup requests to it (the process
+    token) have been answered and their activity taken back (``ACTIVITY_SETTLE_SECONDS``)."""
+    await server.wait_for(path, lambda r: r["watching"] and r["process_token"] and not r["busy"])
+    await asyncio.sleep(ACTIVITY_SETTLE_SECONDS + 0.3)
+
+
 async def test_reading_state_is_not_activity_but_work_is(server: Server) -> None:
     # Given a notebook with a kernel, and the time of the last activity the server reports
     kernel_id = await server.open_notebook("idle.ipynb")
-    await server.watched("idle.ipynb")
-    await asyncio.sleep(0.05)
+    await _settled(server, "idle.ipynb")
     before = await _last_activity(server)
 
     # When an open tab polls every read-only endpoint, again and again
@@ -86,10 +92,9 @@ async def test_reading_state_is_not_activity_but_work_is(server: Server) -> None
 async def test_the_servers_own_kernel_requests_are_not_activity(server: Server) -> None:
     # Given an idle notebook the server watches, and jupyter-server's idea of its last activity
     kernel_id = await server.open_notebook("quiet.ipynb")
-    await server.wait_for("quiet.ipynb", lambda r: r["watching"] and r["process_token"])
+    await _settled(server, "quiet.ipynb")
     await server.run(kernel_id, "data = list(range(1000))")
-    await server.wait_for("quiet.ipynb", lambda r: not r["busy"])  # the cell's idle has arrived
-    await asyncio.sleep(ACTIVITY_SETTLE_SECONDS + 0.3)
+    await _settled(server, "quiet.ipynb")
     before = await _last_activity(server)
     kernel = server.app.kernel_manager.get_kernel(kernel_id)
     kernel_before = kernel.last_activity
