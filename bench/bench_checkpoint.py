@@ -188,6 +188,8 @@ def derive(run: dict[str, Any], reference: dict[str, float] | None) -> dict[str,
     if reference is not None:
         d["save_frac"] = reference["write_s"] / d["save_s"]
         d["restore_frac"] = reference["read_s"] / d["restore_s"]
+        if "read_fresh_s" in reference:  # absent in runs from before it was measured
+            d["fresh_frac"] = reference["read_fresh_s"] / d["restore_s"]
     return d
 
 
@@ -230,6 +232,7 @@ COLUMNS = [
     ("save / device (>=0.8)", "save_frac", ".2f", True),
     ("restore s (usable)", "restore_s", ".2f", True),
     ("restore / device (>=0.65)", "restore_frac", ".2f", True),
+    ("restore / fresh read", "fresh_frac", ".2f", False),
     ("extra save MB (<=64)", "extra_mb", ".0f", True),
     ("extra restore MB", "restore_extra_mb", ".0f", False),
     ("disk MB", "disk_mb", ".0f", False),
@@ -263,6 +266,7 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
                 ("buffered write+fsync", "write_buffered_s"),
                 ("O_DIRECT cold read", "read_direct_s"),
                 ("buffered cold read", "read_buffered_s"),
+                ("O_DIRECT cold read into fresh memory (not in the reference)", "read_fresh_s"),
             )
         )
         + f". Restores start from a page cache dropped with {meta['cache']}.",

@@ -31,6 +31,7 @@ COLUMNS = [
     ("save / device", "save_frac", ".2f"),
     ("restore s", "restore_s", ".2f"),
     ("restore / device", "restore_frac", ".2f"),
+    ("restore / fresh read", "fresh_frac", ".2f"),
     ("extra save MB", "extra_mb", ".0f"),
     ("extra restore MB", "restore_extra_mb", ".0f"),
     ("disk MB", "disk_mb", ".0f"),

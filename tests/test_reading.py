@@ -20,8 +20,8 @@ from jupyter_pause.kernel import reading, session_settings
 from jupyter_pause.kernel import store as store_mod
 from jupyter_pause.kernel.arrays import content_hash
 from jupyter_pause.kernel.datafile import DataFileWriter
-from jupyter_pause.kernel.device_reads import pieces, read_to_device
-from jupyter_pause.kernel.reading import ALIGN, CHUNK, FileReads, ReadError
+from jupyter_pause.kernel.device_reads import PIECE, pieces, read_to_device
+from jupyter_pause.kernel.reading import ALIGN, FileReads, ReadError
 
 from .test_datafile import pattern, resident_pages
 from .test_store import data_files, evict, make
@@ -106,8 +106,12 @@ def test_storages_with_equal_content_come_back_apart(tmp_path: Path) -> None:
     assert not np.shares_memory(fresh["zeros"], fresh["more_zeros"])
 
 
-def test_pieces_arrive_in_order_and_hash_like_the_whole(tmp_path: Path) -> None:
-    data = pattern(2 * CHUNK + 12345, 7)
+def test_pieces_arrive_in_order_and_hash_like_the_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Requests of 1 MiB instead of 64: the same arithmetic on a file 64 times smaller
+    monkeypatch.setattr(reading, "REQUEST", MB)
+    data = pattern(2 * MB + 12345, 7)
     ((offset, nbytes),) = write_file(tmp_path / "data", [data])
     reads = FileReads(opener(tmp_path))
     reads.schedule([("big", "data", offset, nbytes)])
@@ -202,12 +206,12 @@ def test_a_damaged_cold_buffer_is_caught_piece_by_piece(tmp_path: Path) -> None:
 
 
 def test_device_pieces_cover_the_buffer_with_aligned_reads() -> None:
-    for offset, nbytes in [(0, 1), (4095, 2), (8192, 3 * CHUNK), (100, 2 * CHUNK + 7)]:
+    for offset, nbytes in [(0, 1), (4095, 2), (8192, 3 * PIECE), (100, 2 * PIECE + 7)]:
         plan = pieces(offset, nbytes)
         assert all(start % ALIGN == 0 and length % ALIGN == 0 for start, length, _ in plan)
         assert plan[0][0] <= offset and plan[-1][0] + plan[-1][1] >= offset + nbytes
         covered = sum(min(s + n, offset + nbytes) - max(s, offset) for s, n, _ in plan)
-        assert covered == nbytes and all(n <= CHUNK for _s, n, _k in plan)
+        assert covered == nbytes and all(n <= PIECE for _s, n, _k in plan)
 
 
 @pytest.mark.parametrize("damage", [None, "flip", "cut"])
@@ -215,7 +219,7 @@ def test_streaming_to_a_device_copies_checks_and_fails_cleanly(
     tmp_path: Path, damage: str | None
 ) -> None:
     torch = pytest.importorskip("torch")
-    data = pattern(2 * CHUNK + 999, 3)
+    data = pattern(2 * PIECE + 999, 3)
     writer = DataFileWriter(tmp_path / "data")
     writer.append(memoryview(b"x" * 77), 64)
     offset = writer.append(memoryview(bytearray(data)), ALIGN)
@@ -223,10 +227,10 @@ def test_streaming_to_a_device_copies_checks_and_fails_cleanly(
     writer.close()
     if damage == "flip":
         raw = bytearray((tmp_path / "data").read_bytes())
-        raw[offset + CHUNK + 1] ^= 1
+        raw[offset + PIECE + 1] ^= 1
         (tmp_path / "data").write_bytes(bytes(raw))
     elif damage == "cut":
-        os.truncate(tmp_path / "data", offset + CHUNK)
+        os.truncate(tmp_path / "data", offset + PIECE)
     reads = FileReads(opener(tmp_path))
     digest = content_hash(memoryview(data))
     try:

@@ -21,19 +21,20 @@ from typing import Any
 import xxhash
 
 from .arrays import _host_view
-from .reading import ALIGN, CHUNK, FileReads, ReadError, read_into
+from .reading import ALIGN, FileReads, ReadError, read_into
 
 SLOTS = 4  # pinned buffers: up to SLOTS - 1 reads in flight while one is copied
+PIECE = 8 << 20  # one read into a pinned buffer (page-locked memory is scarce: 4 x 8 MiB)
 
 
 def pieces(offset: int, nbytes: int) -> list[tuple[int, int, int]]:
     """Block-aligned reads covering ``nbytes`` at ``offset``: (file offset, bytes to read,
-    where the buffer's bytes start in it), each at most ``CHUNK`` + one block."""
+    where the buffer's bytes start in it), each at most ``PIECE`` + one block."""
     out = []
     position = offset - offset % ALIGN
     end = offset + nbytes
     while position < end:
-        length = min(CHUNK, end - position)
+        length = min(PIECE, end - position)
         length += -length % ALIGN
         out.append((position, length, max(offset - position, 0)))
         position += length
@@ -45,12 +46,12 @@ class _Staging:
     before the slot is read into again."""
 
     def __init__(self, torch: Any, cuda: bool) -> None:
-        size = CHUNK + 2 * ALIGN
+        size = PIECE + 2 * ALIGN
         self.tensors = [torch.empty(size, dtype=torch.uint8, pin_memory=cuda) for _ in range(SLOTS)]
         # O_DIRECT needs an aligned address: start each slot at its first aligned byte.
         self.skip = [-t.data_ptr() % ALIGN for t in self.tensors]
         self.views = [
-            _host_view(t.data_ptr() + skip, CHUNK + ALIGN)
+            _host_view(t.data_ptr() + skip, PIECE + ALIGN)
             for t, skip in zip(self.tensors, self.skip, strict=True)
         ]
         self.copied: list[Any] = [None] * SLOTS  # CUDA events of the last copy out of a slot

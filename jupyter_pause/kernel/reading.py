@@ -6,8 +6,8 @@ and faulting their pages in (what a restore did before) reads through the page c
 (copy-on-write). After an ``O_DIRECT`` save the data is not in the page cache, so nothing is
 gained by going through it. Here each buffer of 1 MiB or more gets anonymous memory of its
 own, and worker threads read it with ``O_DIRECT`` straight from the disk into that memory,
-8 MiB per request, several requests at once, in the order the restore needs the buffers. Measured on this project's VM (bench/README.md): faster
-than faulting a mapping in, at 0.9-1.2x the device's own cold read speed.
+up to 64 MiB per request, four requests at once, in the order the restore needs the buffers.
+Measured on this project's VM (bench/README.md): faster than faulting a mapping in.
 
 The tensors and arrays built on a buffer keep its memory alive (``torch.frombuffer`` and
 ``numpy.ndarray`` hold the map), so it is freed with them. Smaller buffers (pickled frames,
@@ -26,7 +26,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 ALIGN = 4096  # O_DIRECT wants offsets, lengths and addresses aligned to the block size
-CHUNK = 8 << 20  # one read request: big enough for the device, small enough to spread
+# One read request. Large, so that the disk stays busy while the restore's main thread holds
+# the GIL (unpickling, hashing) and no reader thread can queue its next request: 64 MiB
+# restored 8 GB in 6.15 s against 7.38 s with 8 MiB, faster in each of 4 paired rounds
+# (bench/README.md); no difference at 2 GB and below.
+REQUEST = 64 << 20
 OWN_MEMORY_AT_LEAST = 1 << 20  # smaller buffers share a read and are copied out of it
 _SMALL_SPAN_AT_MOST = 4 << 20  # small buffers read in one request
 _SMALL_GAP_AT_MOST = 64 << 10  # bytes between two small buffers read along with them
@@ -80,7 +84,7 @@ def read_into(fd: int, direct: bool, target: memoryview, offset: int) -> int:
 
 @dataclass
 class Span:
-    """One block-aligned range of one file, read into one region of fresh memory, ``CHUNK``
+    """One block-aligned range of one file, read into one region of fresh memory, ``REQUEST``
     bytes per request."""
 
     file: str
@@ -172,7 +176,7 @@ class FileReads:
         return groups
 
     def _start(self, span: Span) -> None:
-        starts = range(0, span.length, CHUNK)
+        starts = range(0, span.length, REQUEST)
         span.read = [threading.Event() for _ in starts]
         try:
             fd, direct = self.file(span.file)
@@ -182,11 +186,11 @@ class FileReads:
         span.memory = fresh_memory(span.length)
         view = memoryview(span.memory)
         for index, start in enumerate(starts):
-            target = view[start : min(start + CHUNK, span.length)]
+            target = view[start : min(start + REQUEST, span.length)]
             self._pool.submit(self._read, span, index, fd, direct, target)
 
     def _read(self, span: Span, index: int, fd: int, direct: bool, target: memoryview) -> None:
-        position = span.start + index * CHUNK
+        position = span.start + index * REQUEST
         try:
             got = read_into(fd, direct, target, position)
             if position + got < min(span.end, position + target.nbytes):
@@ -218,10 +222,10 @@ class FileReads:
         span = placed.span
         low, high = placed.offset, placed.offset + placed.nbytes
         streamed = each_piece is not None and not placed.shared
-        for index in range(low // CHUNK, -(-high // CHUNK)):
+        for index in range(low // REQUEST, -(-high // REQUEST)):
             span.read[index].wait()
             if streamed and span.error is None:
-                piece = slice(max(low, index * CHUNK), min(high, (index + 1) * CHUNK))
+                piece = slice(max(low, index * REQUEST), min(high, (index + 1) * REQUEST))
                 each_piece(memoryview(span.memory)[piece])  # type: ignore[arg-type,misc]
         if span.error is not None:
             raise ReadError(span.error)
