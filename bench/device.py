@@ -109,21 +109,41 @@ def _faulted_in(buffer: mmap.mmap | bytearray) -> mmap.mmap | bytearray:
 
 
 def read_direct(path: Path) -> float:
-    """Seconds to read the whole file with O_DIRECT, ``READERS`` requests in flight."""
+    """Seconds to read the whole file with O_DIRECT, ``READERS`` requests in flight, each
+    reader into a reused buffer of its own."""
+    return _read_direct(path, fresh=False)
+
+
+def read_fresh(path: Path) -> float:
+    """The same read into fresh memory: one new map of the file's size, every page faulted
+    in by the read itself, as in a restore."""
+    return _read_direct(path, fresh=True)
+
+
+def _read_direct(path: Path, fresh: bool) -> float:
     fd = os.open(path, os.O_RDONLY | _O_DIRECT)
     size = os.fstat(fd).st_size
     next_offset = [0]
     lock = threading.Lock()
-    buffers = [_faulted_in(mmap.mmap(-1, READ_REQUEST)) for _ in range(READERS)]
+    memory = None
+    if fresh:
+        length = size + (-size % ALIGN) or ALIGN
+        memory = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buffers = [None if fresh else _faulted_in(mmap.mmap(-1, READ_REQUEST)) for _ in range(READERS)]
 
-    def reader(buffer: mmap.mmap) -> None:
+    def reader(buffer: mmap.mmap | None) -> None:
         while True:
             with lock:
                 offset = next_offset[0]
                 next_offset[0] += READ_REQUEST
             if offset >= size:
                 return
-            os.preadv(fd, [buffer], offset)
+            if buffer is not None:
+                os.preadv(fd, [buffer], offset)
+                continue
+            assert memory is not None
+            with memoryview(memory)[offset : offset + READ_REQUEST] as target:
+                os.preadv(fd, [target], offset)
 
     try:
         t0 = time.perf_counter()
@@ -135,43 +155,8 @@ def read_direct(path: Path) -> float:
         return time.perf_counter() - t0
     finally:
         os.close(fd)
-
-
-def read_fresh(path: Path) -> float:
-    """Seconds to read the whole file with O_DIRECT, ``READERS`` requests in flight, into
-    fresh memory (every page faulted in by the read itself, as in a restore)."""
-    fd = os.open(path, os.O_RDONLY | _O_DIRECT)
-    size = os.fstat(fd).st_size
-    next_offset = [0]
-    lock = threading.Lock()
-    memory = mmap.mmap(
-        -1, size + (-size % ALIGN) or ALIGN, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-    )
-    view = memoryview(memory)
-
-    def reader() -> None:
-        while True:
-            with lock:
-                offset = next_offset[0]
-                next_offset[0] += READ_REQUEST
-            if offset >= size:
-                return
-            target = view[offset : offset + READ_REQUEST]
-            os.preadv(fd, [target], offset)
-            target.release()
-
-    try:
-        t0 = time.perf_counter()
-        threads = [threading.Thread(target=reader) for _ in range(READERS)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        return time.perf_counter() - t0
-    finally:
-        os.close(fd)
-        view.release()
-        memory.close()
+        if memory is not None:
+            memory.close()
 
 
 def read_buffered(path: Path) -> float:
