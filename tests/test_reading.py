@@ -184,7 +184,10 @@ def memory_of(array: object) -> str:
     raise AssertionError("address not mapped")
 
 
-def test_a_damaged_cold_buffer_is_caught_piece_by_piece(tmp_path: Path) -> None:
+def test_a_damaged_cold_buffer_is_caught_piece_by_piece(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reading, "REQUEST", 8 * MB)  # requests of 8 MiB instead of 64
     ns = {"a": np.arange(3_000_000), "plain": [1, 2]}  # 24 MB: three read requests
     cp = make(tmp_path, ns)
     cp.checkpoint()
