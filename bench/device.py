@@ -31,11 +31,8 @@ from jupyter_pause.kernel.reading import READ_THREADS, REQUEST
 
 ALIGN = 4096
 WRITE_REQUEST = 8 << 20
-# Reads move the same bytes the way a restore's reads do (jupyter_pause.kernel.reading):
-# requests of that size, that many in flight. A reference read with other parameters would
-# measure something a restore does not do.
-READ_REQUEST = REQUEST
-READERS = READ_THREADS
+# Reads use the restore's own request size and count (``reading.REQUEST``, ``READ_THREADS``):
+# a reference read with other parameters would measure something a restore does not do.
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
@@ -109,7 +106,7 @@ def _faulted_in(buffer: mmap.mmap | bytearray) -> mmap.mmap | bytearray:
 
 
 def read_direct(path: Path) -> float:
-    """Seconds to read the whole file with O_DIRECT, ``READERS`` requests in flight, each
+    """Seconds to read the whole file with O_DIRECT, ``READ_THREADS`` requests in flight, each
     reader into a reused buffer of its own."""
     return _read_direct(path, fresh=False)
 
@@ -129,20 +126,20 @@ def _read_direct(path: Path, fresh: bool) -> float:
     if fresh:
         length = size + (-size % ALIGN) or ALIGN
         memory = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    buffers = [None if fresh else _faulted_in(mmap.mmap(-1, READ_REQUEST)) for _ in range(READERS)]
+    buffers = [None if fresh else _faulted_in(mmap.mmap(-1, REQUEST)) for _ in range(READ_THREADS)]
 
     def reader(buffer: mmap.mmap | None) -> None:
         while True:
             with lock:
                 offset = next_offset[0]
-                next_offset[0] += READ_REQUEST
+                next_offset[0] += REQUEST
             if offset >= size:
                 return
             if buffer is not None:
                 os.preadv(fd, [buffer], offset)
                 continue
             assert memory is not None
-            with memoryview(memory)[offset : offset + READ_REQUEST] as target:
+            with memoryview(memory)[offset : offset + REQUEST] as target:
                 os.preadv(fd, [target], offset)
 
     try:
