@@ -239,6 +239,33 @@ import scratch
     assert "imports: sys, " in summary and "session not restored: import scratch (" in summary
 
 
+def test_numpy_random_stream_continues_from_its_first_use(start_kernel: KernelFactory) -> None:
+    # Given a notebook that drew from numpy's global generator
+    first = start_kernel()
+    first.ok(
+        "%load_ext jupyter_pause\nimport numpy as np\nnp.random.seed(3)\n_ = np.random.rand(5)"
+    )
+    checkpoint(first)
+    expected = first.value("list(np.random.rand(4))")
+
+    # When a new kernel restores it
+    second = start_kernel()
+    result = restore(second)
+
+    # Then the restore did not import numpy.random (numpy 2 imports it at first use), and its
+    # first use continues the stream
+    imported = "'numpy.random' in __import__('sys').modules"
+    assert "numpy" in result["rng"]
+    assert second.value(imported) is False
+    assert second.value("list(np.random.rand(4))") == expected
+
+    # And a checkpoint of a notebook that never used numpy.random does not import it either
+    never = start_kernel()
+    never.ok("%load_ext jupyter_pause\nimport numpy as np\nx = np.arange(3)")
+    checkpoint(never)
+    assert never.value(imported) is False
+
+
 def test_working_directory_path_and_environment_come_back(
     start_kernel: KernelFactory, tmp_path: Path
 ) -> None:

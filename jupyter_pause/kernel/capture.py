@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import handles
+from .after_import import call_after_import
 
 # Names IPython and ipykernel put in every namespace; they are not the user's state.
 _SHELL_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
@@ -158,9 +159,9 @@ def rng_states() -> dict[str, Any]:
     import random
 
     states: dict[str, Any] = {"python": random.getstate()}
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and hasattr(numpy, "random"):
-        states["numpy"] = numpy.random.get_state()
+    numpy_random = sys.modules.get("numpy.random")  # numpy 2 imports it only when used:
+    if numpy_random is not None:  # unused, its generator was never drawn from
+        states["numpy"] = numpy_random.get_state()
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "get_rng_state"):
         # As bytes: a pickled tensor goes through torch.save, whose random serialization id
@@ -180,16 +181,20 @@ def _byte_tensor(state: Any) -> Any:
 
 
 def set_rng_states(states: dict[str, Any]) -> list[str]:
-    """Put saved generator states back; returns which were restored."""
+    """Put saved generator states back; returns which were restored. numpy's goes back when
+    ``numpy.random`` is imported, now or at its first use (``after_import``)."""
     import random
 
     restored = []
     random.setstate(states["python"])
     restored.append("python")
     if "numpy" in states:
-        import numpy
-
-        numpy.random.set_state(states["numpy"])
+        numpy_state = states["numpy"]
+        call_after_import(
+            "numpy.random",
+            lambda numpy_random: numpy_random.set_state(numpy_state),
+            "numpy's random generator state",
+        )
         restored.append("numpy")
     if "torch" in states:
         import torch
