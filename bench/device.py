@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from jupyter_pause.kernel.reading import READ_THREADS, REQUEST
+from jupyter_pause.kernel.reading import READ_THREADS, REQUEST, fresh_memory
 
 ALIGN = 4096
 WRITE_REQUEST = 8 << 20
@@ -125,7 +125,7 @@ def _read_direct(path: Path, fresh: bool) -> float:
     memory = None
     if fresh:
         length = size + (-size % ALIGN) or ALIGN
-        memory = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        memory = fresh_memory(length)  # the memory a restore reads into
     buffers = [None if fresh else _faulted_in(mmap.mmap(-1, REQUEST)) for _ in range(READ_THREADS)]
 
     def reader(buffer: mmap.mmap | None) -> None:
