@@ -159,8 +159,10 @@ def rng_states() -> dict[str, Any]:
     import random
 
     states: dict[str, Any] = {"python": random.getstate()}
-    numpy_random = sys.modules.get("numpy.random")  # numpy 2 imports it only when used:
-    if numpy_random is not None:  # unused, its generator was never drawn from
+    # Not imported (numpy 2 imports it at first use): its generator was never drawn from, and
+    # importing it here would only cost memory.
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
         states["numpy"] = numpy_random.get_state()
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "get_rng_state"):
