@@ -266,6 +266,37 @@ def test_numpy_random_stream_continues_from_its_first_use(start_kernel: KernelFa
     assert never.value(imported) is False
 
 
+def test_a_restore_loads_only_what_restoring_needs(start_kernel: KernelFactory) -> None:
+    # Given a checkpointed notebook with a model and plain values
+    first = start_kernel()
+    first.ok(
+        "%load_ext jupyter_pause\nimport torch\n"
+        "model = torch.nn.Linear(4, 2)\nrows = [{'i': i} for i in range(3)]"
+    )
+    checkpoint(first)
+
+    # When a new kernel restores it
+    second = start_kernel()
+    result = restore(second)
+    assert sorted(result["restored"]) == ["model", "rows"]
+
+    # Then the pickling side (snapshot, cloudpickle) stayed unloaded: a restore's memory
+    # holds no code for saving
+    loaded = (
+        "sorted(set(__import__('sys').modules) & {'jupyter_pause.kernel.snapshot', 'cloudpickle'})"
+    )
+    assert second.value(loaded) == []
+
+    # And the next checkpoint loads it and saves the notebook as it is now
+    second.ok("rows.append({'i': 3})")
+    checkpoint(second)
+    assert second.value(loaded) == ["cloudpickle", "jupyter_pause.kernel.snapshot"]
+    third = start_kernel()
+    restore(third)
+    assert third.value("[r['i'] for r in rows]") == [0, 1, 2, 3]
+    assert third.value("model.weight.shape[1]") == 4
+
+
 def test_working_directory_path_and_environment_come_back(
     start_kernel: KernelFactory, tmp_path: Path
 ) -> None:

@@ -8,6 +8,7 @@ Results are dataclasses; the magics format them, the server reads them as JSON.
 from __future__ import annotations
 
 import errno
+import functools
 import gc
 import json
 import os
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from traitlets import Bool, Enum, Float, Int, Unicode, default
 from traitlets.config import Configurable
@@ -35,14 +36,15 @@ from .session import Baseline, SessionContext, SessionReport, apply_session, cap
 from .state import (
     ObjectKeys,
     RestoreError,
-    Snapshotter,
     StateLoader,
     buffers_in_load_order,
     load_order,
-    pickle_frame,
     streamed_buffers,
 )
 from .token import process_token
+
+if TYPE_CHECKING:
+    from .snapshot import Snapshotter
 
 ProgressCallback = Callable[[str, int, int], None]  # (phase, bytes done, bytes total)
 
@@ -277,13 +279,20 @@ class Checkpointer(Configurable):
         self.key = key or notebook_key()
         self.store = store_mod.NotebookStore(Path(self.store_root), self.key)
         self.keys = ObjectKeys()
-        self._snapshotter = Snapshotter(self.keys, self.namespace)
         self._marked: list[str] = []
         self._base_id: int | None = None  # the checkpoint the live namespace was last synced with
         self._base_ids: dict[str, int] = {}  # id() of each variable at that checkpoint
         # Buffers of that checkpoint: identity -> (content hash, version counters of its tensors)
         self._base_storages: dict[tuple[str, int, int], tuple[str, dict[str, int | None]]] = {}
         self.on_checkpoint: list[Callable[[CheckpointResult], None]] = []
+
+    @functools.cached_property
+    def _snapshotter(self) -> Snapshotter:
+        # Made by the first checkpoint: a kernel that only restores never loads the pickling
+        # side (``snapshot``, cloudpickle), which is memory its restore would report.
+        from .snapshot import Snapshotter
+
+        return Snapshotter(self.keys, self.namespace)
 
     def set_key(self, key: str) -> None:
         """Point at another notebook's checkpoints (the server names the notebook for certain)."""
@@ -519,7 +528,7 @@ class Checkpointer(Configurable):
         return frames, report
 
     def _rng_frame(self) -> tuple[bytes, str]:
-        data, _arrays, _deps = pickle_frame(["__rng__"], [rng_states()], {}, (), self.keys)
+        data = self._snapshotter.pickle_extra("__rng__", rng_states(), {})
         return data, content_hash(memoryview(data))
 
     def _reusable_frames(

@@ -84,7 +84,7 @@ PLANTS = (
     Plant(
         "notebook functions see the live namespace after restore",
         "functions keep a private copy of their globals",
-        "jupyter_pause/kernel/state.py",
+        "jupyter_pause/kernel/snapshot.py",
         "if self._namespace is None or func.__globals__ is not self._namespace:",
         "if True:",
         ("tests/test_session_restore.py::test_notebook_functions_see_the_live_namespace",),
@@ -92,7 +92,7 @@ PLANTS = (
     Plant(
         "gradient accumulation continues across a pause",
         "gradients are not saved",
-        "jupyter_pause/kernel/state.py",
+        "jupyter_pause/kernel/snapshot.py",
         "            if saved_as_buffer(grad):\n",
         "            if False:\n",
         ("tests/test_session_restore.py::test_gradients_come_back_and_accumulation_continues",),
