@@ -22,6 +22,7 @@ from jupyter_pause.kernel.arrays import content_hash
 from jupyter_pause.kernel.datafile import DataFileWriter
 from jupyter_pause.kernel.device_reads import PIECE, pieces, read_to_device
 from jupyter_pause.kernel.reading import ALIGN, FileReads, ReadError
+from jupyter_pause.kernel.state import buffers_in_load_order, load_order
 
 from .test_datafile import pattern, resident_pages
 from .test_store import data_files, evict, make
@@ -171,6 +172,22 @@ def test_cold_files_are_read_and_cached_files_are_mapped(tmp_path: Path) -> None
     assert (cold["big"] == ns["big"]).all()
     cold["big"][0] = -1.0  # restored memory is the kernel's own: writable
     assert cold["big"][0] == -1.0
+
+
+def test_the_session_frame_is_fetched_before_any_variable_data(tmp_path: Path) -> None:
+    """A whole restore applies the session's settings (working directory, imports) before it
+    loads a variable, so their frame leads the fetch; behind all the tensor data it held up
+    every variable until the whole checkpoint had arrived (0.5 s at 0.71 GB, mapped)."""
+    ns = {"weights": np.arange(300_000, dtype=np.float64), "rows": [{"i": 1}]}
+    checkpointer = make(tmp_path, ns)
+    checkpointer.checkpoint()
+    manifest = checkpointer.store.read_manifest(checkpointer.store.latest_id())
+    order = buffers_in_load_order(manifest, load_order(manifest, ["rows", "weights"]))
+    assert order[0] == manifest["session"]["before"]
+    frames = {name: frame for frame in manifest["frames"] for name in frame["names"]}
+    weights = order.index(frames["weights"]["frame"])
+    assert order.index(frames["rows"]["frame"]) < weights  # plain values first
+    assert sorted(order) == sorted(manifest["buffers"])
 
 
 def memory_of(array: object) -> str:

@@ -179,9 +179,13 @@ def storage_buffer(manifest: dict[str, Any], key: str) -> str:
 
 def buffers_in_load_order(manifest: dict[str, Any], names: list[str]) -> list[str]:
     """Every buffer of the manifest, those that loading ``names`` (in that order) reads first,
-    in the order it reads them: each variable's frame, then the storages of its arrays."""
+    in the order it reads them: the session settings applied before any variable, then each
+    variable's frame and the storages of its arrays."""
     frames = {name: frame for frame in manifest["frames"] for name in frame["names"]}
     order: dict[str, None] = {}
+    before = manifest.get("session", {}).get("before")
+    if before is not None:
+        order[before] = None
     for name in names:
         frame = frames.get(name)
         if frame is None:
