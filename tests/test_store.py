@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_pause.kernel import store as store_mod
+from jupyter_pause.kernel import writer as writer_mod
 from jupyter_pause.kernel.api import Checkpointer, CheckpointError
 from jupyter_pause.kernel.arrays import Rebuilder
 from jupyter_pause.kernel.schedule import parse_interval
@@ -112,7 +113,7 @@ def test_a_process_image_is_owner_only_counted_and_never_outlives_its_checkpoint
 def test_large_buffers_get_files_and_mostly_dead_packs_are_compacted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_mod, "LARGE_BUFFER_BYTES", 4_000_000)
+    monkeypatch.setattr(writer_mod, "LARGE_BUFFER_BYTES", 4_000_000)
     ns = {"static": np.full(125_000, 7.0), "moving": np.zeros(375_000), "huge": np.ones(600_000)}
     cp = make(tmp_path, ns, keep_last=2)
     cp.checkpoint()  # pack 1: static (1 MB) + moving (3 MB); huge (4.8 MB) has its own file
@@ -147,12 +148,12 @@ def test_write_failure_leaves_previous_checkpoint_and_no_partial_files(tmp_path:
     result = cp.checkpoint()  # a pickling error only skips that variable
     assert "No space left on device" in result.skipped["boom"]
     del ns["boom"]
-    real_add = store_mod.CheckpointWriter.add
+    real_add = writer_mod.CheckpointWriter.add
 
     def failing_add(self, digest, data):
         raise OSError(28, "No space left on device", str(self.store.path / "tmp" / "x"))
 
-    store_mod.CheckpointWriter.add = failing_add
+    writer_mod.CheckpointWriter.add = failing_add
     try:
         ns["a"] = np.arange(20)
         with pytest.raises(
@@ -160,7 +161,7 @@ def test_write_failure_leaves_previous_checkpoint_and_no_partial_files(tmp_path:
         ):
             cp.checkpoint()
     finally:
-        store_mod.CheckpointWriter.add = real_add
+        writer_mod.CheckpointWriter.add = real_add
     assert os.listdir(cp.store.path / "tmp") == []
     assert cp.store.checkpoint_ids() == [1, 2]
     fresh: dict = {}

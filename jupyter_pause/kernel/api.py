@@ -28,7 +28,7 @@ from traitlets.config import Configurable
 from ..formatting import format_bytes, format_count, format_reasons
 from ..policy import KERNEL_POLICY_ENV
 from . import store as store_mod
-from .arrays import Storage, content_hash, content_hasher
+from .arrays import content_hash, content_hasher
 from .capture import rng_states, select_variables, set_rng_states
 from .loading import BufferSource, buffer_source
 from .reading import OWN_MEMORY_AT_LEAST
@@ -44,7 +44,9 @@ from .state import (
 from .token import process_token
 
 if TYPE_CHECKING:
+    from .describing import Storage
     from .snapshot import Snapshotter
+    from .writer import CheckpointWriter
 
 ProgressCallback = Callable[[str, int, int], None]  # (phase, bytes done, bytes total)
 
@@ -839,7 +841,7 @@ class _BufferWriter:
 
     def __init__(
         self,
-        writer: store_mod.CheckpointWriter,
+        writer: CheckpointWriter,
         progress: ProgressCallback | None,
         trusted: dict[tuple[str, int, int], tuple[str, dict[str, int | None]]],
     ):

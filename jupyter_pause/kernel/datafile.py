@@ -32,6 +32,8 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from .store import open_new_private
+
 ALIGN = 4096  # a multiple of every block size in use (512, 4096) and of the page size
 _STAGE_BYTES = 1 << 20  # small buffers per write request; 4 MiB held 3 MB more per save
 _DIRECT_AT_LEAST = 1 << 20  # smaller buffers are cheaper to copy than to write on their own
@@ -39,14 +41,6 @@ _WRITE_AT_MOST = 1 << 30  # one pwrite call; Linux caps a call at 2 GiB - 4 KiB
 _ZEROS = bytes(ALIGN)
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _WRITERS = ThreadPoolExecutor(2, thread_name_prefix="jupyter-pause-write")  # two writes in flight
-
-
-def open_new_private(path: Path, extra_flags: int = 0) -> int:
-    """Create ``path`` for writing, owner-only, failing if it exists."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | extra_flags
-    fd = os.open(path, flags, 0o600)
-    os.fchmod(fd, 0o600)  # the umask must not widen (or narrow) what we promise
-    return fd
 
 
 def buffer_address(data: memoryview) -> int | None:

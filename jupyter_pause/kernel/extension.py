@@ -8,7 +8,6 @@ from typing import Any
 from . import api, control
 from .magics import CheckpointMagics
 from .schedule import Scheduler
-from .server_calls import request_from_server
 from .session import Baseline
 from .tracking import ChangeTracker
 
@@ -76,6 +75,9 @@ def _cell_hooks(checkpointer: api.Checkpointer) -> list[tuple[str, Any]]:
 
 def _announce_to_server(result: api.CheckpointResult) -> None:
     """Every checkpoint goes on the notebook's timeline, also those a cell takes."""
+    # Imported here, by the first checkpoint, like the rest of the saving side.
+    from .server_calls import request_from_server
+
     request_from_server(
         "checkpointed",
         checkpoint_id=result.checkpoint_id,

@@ -16,7 +16,8 @@ from typing import Any
 import cloudpickle
 
 from . import handles
-from .arrays import Describer, Storage, external_types, leaf_grad, saved_as_buffer
+from .arrays import external_types, leaf_grad, saved_as_buffer
+from .describing import Describer, Storage
 from .state import (
     _NOTEBOOK_GLOBALS,
     ObjectKeys,

@@ -52,7 +52,7 @@ PLANTS = (
     Plant(
         "kill -9 keeps the previous checkpoint",
         "the manifest is written before the data files are flushed and renamed",
-        "jupyter_pause/kernel/store.py",
+        "jupyter_pause/kernel/writer.py",
         "        self.finish_files()\n"
         '        manifest["buffers"] = {d: loc.to_json() for d, loc in self.used.items()}\n'
         "        path = self.store.manifest_path(self.checkpoint_id)\n"
@@ -66,7 +66,7 @@ PLANTS = (
     Plant(
         "kill -9 keeps the previous checkpoint",
         "large (>= 64 MiB) data files are written straight to their final name",
-        "jupyter_pause/kernel/store.py",
+        "jupyter_pause/kernel/writer.py",
         'self._tmp / f"{self._prefix}.{digest}.partial", direct=self.direct',
         "(final.parent.mkdir(mode=0o700, exist_ok=True), final)[1], direct=self.direct",
         ("tests/test_crash_points.py",),
