@@ -185,6 +185,8 @@ def derive(run: dict[str, Any], reference: dict[str, float] | None) -> dict[str,
         "state_mb": sb / MB,
         "ok": run["ok"],
     }
+    if run.get("paired_write_s"):  # absent in runs from before it was measured
+        d["paired_frac"] = run["paired_write_s"] / d["save_s"]
     if reference is not None:
         d["save_frac"] = reference["write_s"] / d["save_s"]
         d["restore_frac"] = reference["read_s"] / d["restore_s"]
@@ -230,6 +232,7 @@ def check_targets(s: dict[str, Any]) -> dict[str, bool]:
 COLUMNS = [
     ("save s", "save_s", ".2f", True),
     ("save / device (>=0.8)", "save_frac", ".2f", True),
+    ("save / same-process write", "paired_frac", ".2f", True),
     ("restore s (usable)", "restore_s", ".2f", True),
     ("restore / device (>=0.65)", "restore_frac", ".2f", True),
     ("restore / fresh read", "fresh_frac", ".2f", False),
@@ -447,7 +450,10 @@ STANDING_NOTES = [
     "array was read (numpy/torch imports and the shell are off the clock for every method).",
     "- fractions: the device reference's seconds in the same round divided by the method's; "
     "the device takes the best of an O_DIRECT and a buffered write+fsync (and cold read) of "
-    "the same bytes, into reused buffers (bench/device.py).",
+    "the same bytes, into reused buffers (bench/device.py). save / same-process write: the "
+    "device's O_DIRECT write+fsync of the same state from the same memory, in the method's "
+    "own process right after its saves, divided by the method's save (not a target; it shows "
+    "what the disk did at the moment of the save).",
     "- extra save MB: peak RSS during the first checkpoint minus RSS right before it. extra "
     "restore MB: peak RSS of the restore minus RSS before it minus the state's bytes (the "
     "100k small dicts take ~60 MB more in memory than pickled, the same for every method).",

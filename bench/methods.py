@@ -551,11 +551,29 @@ def child_save(method: Method) -> dict[str, Any]:
         "build_s": build_s,
         "save": first,
         "incremental": second,
+        "paired_write_s": paired_write(method, ns),
         "disk_bytes_first": first["disk_growth"],
         "fingerprint": fingerprint(ns),
         "note": method.note,
         "reported": method.reported,
     }
+
+
+def paired_write(method: Method, ns: dict[str, Any]) -> float | None:
+    """Seconds of the device's ``O_DIRECT`` write+fsync of the same state, from the same
+    memory, in the same process, right after the method's saves (None for the device itself).
+
+    Beside the per-round reference, which runs in a process of its own a minute away: on
+    these VMs the disk's speed drifts between processes, and this shows what the disk did
+    at the moment of the save."""
+    if isinstance(method, DeviceMethod):
+        return None
+    target = method.store / "paired-device-write.bin"
+    settle_memory()
+    try:
+        return device.write_direct(target, state_views(user_state(ns)))
+    finally:
+        target.unlink(missing_ok=True)
 
 
 def child_restore(method: Method) -> dict[str, Any]:
