@@ -2,9 +2,9 @@
 
 A restore reads every tensor into memory of its own, so each page is faulted in (zeroed, and
 on a VM backed by the host) before the disk fills it. On this project's VMs that cost is not
-fixed: memory the guest freed a moment ago comes back cheaply, memory beyond that costs
-several times more (the host has taken it back: free page reporting). This measures it, so
-that restore times at several GB can be read against it.
+fixed: the first few GiB come cheaply, and beyond them each GiB costs several times more
+(most likely memory the host has taken back: these VMs boot with free page reporting). This
+measures it, so that restore times at several GB can be read against it.
 
 Each round is a fresh process that faults memory in 1 GiB at a time and keeps it (as a
 restore keeps its tensors), then frees it all and at once does the same again. The table
