@@ -53,18 +53,6 @@ def child(gib: int) -> None:
     print(json.dumps({"first": first, "again": again}))
 
 
-def available_gib() -> int:
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024 // GIB
-    return 0
-
-
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gib", type=int, default=12, help="GiB to fault in (default 12)")
@@ -74,11 +62,16 @@ def main() -> None:
     if args.child:
         child(args.child)
         return
-    gib = min(args.gib, available_gib() - SPARE_GIB)  # a pass holds all of it, one at a time
+    # The benchmark's own helpers; imported here, so a child process does not load them.
+    from bench_checkpoint import available_gb, cell
+    from workload import GB
+
+    available_gib = int(available_gb() * GB // GIB)
+    gib = min(args.gib, available_gib - SPARE_GIB)  # a pass holds all of it, one at a time
     if gib < 1:
         sys.exit("not enough memory available for 1 GiB")
     if gib < args.gib:
-        print(f"(only {gib} GiB: the machine has {available_gib()} GiB available)")
+        print(f"(only {gib} GiB: the machine has {available_gib} GiB available)")
     rounds = []
     for _ in range(args.rounds):
         out = subprocess.run(
@@ -89,11 +82,10 @@ def main() -> None:
     print("| GiB | first touch s | kernel s | right after freeing s | kernel s |")
     print("|---|---|---|---|---|")
     for i in range(gib):
-        cells = [
-            spread([r[which][i][part] for r in rounds])
-            for which in ("first", "again")
-            for part in (0, 1)
+        samples = [
+            [r[which][i][part] for r in rounds] for which in ("first", "again") for part in (0, 1)
         ]
+        cells = [cell((statistics.median(v), min(v), max(v)), ".2f", True) for v in samples]
         print(f"| {i + 1} | " + " | ".join(cells) + " |")
 
 
