@@ -61,10 +61,11 @@ class KernelBridge:
         self._watched: dict[str, KernelActivity] = {}  # kernel id -> what its watcher saw
 
     def _client(self, kernel_id: str) -> Any:
-        try:
-            kernel = self.kernel_manager.get_kernel(kernel_id)
-        except KeyError:
-            raise KernelCallError(f"kernel {kernel_id} is not running") from None
+        # jupyter-server's kernel manager answers an unknown id with tornado's HTTPError 404,
+        # jupyter_client's with KeyError: ask whether it is there instead of catching either.
+        if kernel_id not in self.kernel_manager:
+            raise KernelCallError(f"kernel {kernel_id} is not running")
+        kernel = self.kernel_manager.get_kernel(kernel_id)
         # A session id of our own: the server's other clients share the kernel manager's, and
         # our silent requests must never count as the user's activity.
         session = Session(
@@ -147,10 +148,11 @@ class KernelBridge:
         its culler and external idle cullers read it): take back what our own request added,
         unless the watcher saw the user do something meanwhile (then it stays as it is)."""
         activity = self._watched.get(kernel_id)
-        try:
-            kernel = self.kernel_manager.get_kernel(kernel_id)
-        except KeyError:
+        # Runs a moment after our request: a pause may have shut the kernel down meanwhile,
+        # and then there is no activity left to take back.
+        if kernel_id not in self.kernel_manager:
             return
+        kernel = self.kernel_manager.get_kernel(kernel_id)
         if activity is None or activity.busy or activity.last_activity >= asked_at:
             return
         if kernel.last_activity > before:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from jupyter_pause.kernel_bridge import KernelActivity, KernelBridge
+import pytest
+
+from jupyter_pause.kernel_bridge import KernelActivity, KernelBridge, KernelCallError
+
+from .servers import Server
 
 
 def status(state: str, session: str, parent_type: str = "execute_request") -> dict[str, Any]:
@@ -111,3 +116,26 @@ def test_only_idle_gaps_long_enough_for_an_idle_policy_are_recorded() -> None:
     # a kernel never active (no activity time) has no gap to record
     assert timeline.add_idle_gap(0.0, now=5000.0) is None
     assert [e.kind for e in timeline.events] == ["idle_gap"]
+
+
+async def test_a_kernel_shut_down_after_our_request_leaves_no_activity_to_take_back(
+    server: Server,
+) -> None:
+    """A pause shuts the kernel down right after the server's last request to it; taking back
+    the activity that request added then finds no kernel (jupyter-server answers HTTPError 404
+    for it, not KeyError) and must do nothing, and a new request says the kernel is gone."""
+    # Given a watched kernel the server has just asked something
+    kernel_id = await server.open_notebook("gone.ipynb")
+    await server.watched("gone.ipynb")
+    bridge = server.orchestrator.bridge
+    before = server.app.kernel_manager.get_kernel(kernel_id).last_activity
+    asked_at = time.time()
+    answer = await bridge.call(kernel_id, "hello", timeout=60)
+    assert answer["ok"]
+    # When the kernel is shut down before the take-back runs
+    await server.app.kernel_manager.shutdown_kernel(kernel_id)
+    assert kernel_id not in server.app.kernel_manager
+    # Then the take-back is a no-op and a further request fails in words, not with a 404
+    assert bridge._forget_own_activity(kernel_id, before, asked_at) is None
+    with pytest.raises(KernelCallError, match="is not running"):
+        await bridge.call(kernel_id, "hello", timeout=60)
