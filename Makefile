@@ -20,22 +20,35 @@ export PATH := $(BIN):$(PATH)
 
 .PHONY: setup lab watch test browser lint mutants bench
 
-$(PY):
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --upgrade pip
+# pip's live progress bars on a terminal only (decided when the recipe runs, on its own
+# stdout): a CI log gets pip's line per package instead.
+PIP_INSTALL   := $(PIP) install --progress-bar $$([ -t 1 ] && echo on || echo off)
 
+$(PY):
+	@echo "[setup] creating the virtual environment in $(VENV) ($(PYTHON))"
+	$(PYTHON) -m venv $(VENV)
+	$(PIP_INSTALL) --upgrade pip
+
+# ~3-4 min the first time (torch and ~160 packages, then the frontend build); a line per
+# stage, and pip's and jlpm's own progress, so a long step is never silent.
 setup: $(PY)
 	@# A develop symlink from a previous setup would make pip write install.json into the
 	@# source tree (and the next wheel build fail on the duplicate): start from none.
 	@if [ -L $(VENV)/share/jupyter/labextensions/jupyter-pause ]; then rm $(VENV)/share/jupyter/labextensions/jupyter-pause; fi
 	rm -f jupyter_pause/labextension/install.json
-	$(PIP) install -q torch==$(TORCH_VERSION)
-	$(PIP) install -q -e ".[test]"
+	@echo "[1/5] installing torch $(TORCH_VERSION) (CPU wheel, from a local wheel folder when PIP_FIND_LINKS names one)"
+	$(PIP_INSTALL) torch==$(TORCH_VERSION)
+	@echo "[2/5] installing jupyter_pause (editable) and its test dependencies"
+	$(PIP_INSTALL) -e ".[test]"
+	@echo "[3/5] installing the frontend's npm packages (jlpm install)"
 	$(JLPM) install
+	@echo "[4/5] building the JupyterLab extension (jlpm build)"
 	$(JLPM) build
+	@echo "[5/5] linking the extension into JupyterLab and enabling the server extension"
 	$(JUPYTER) builder develop --overwrite .
 	$(JUPYTER) server extension enable --sys-prefix jupyter_pause
 	touch $(SETUP_STAMP)
+	@echo "[setup] done: make lab starts JupyterLab, make test runs the tests"
 
 $(SETUP_STAMP): pyproject.toml package.json
 	$(MAKE) setup
