@@ -47,17 +47,21 @@ def failures(report: dict[str, Any]) -> dict[str, str]:
 
 
 async def test_the_drill_passes_on_the_local_backend_with_numbers_from_the_timeline(
-    server: Server, jp: Cli, tmp_path: Path
+    server: Server, jp: Cli, tmp_path: Path, jp_root_dir: Path
 ) -> None:
     # When the drill runs against a server with one GPU to hand out, with a rush of 2
     out = tmp_path / "drill"
     code, stdout, stderr, report = await drill(jp, out, "--rush", "2")
 
-    # Then every check passes (or says it cannot be measured here), a line per step
+    # Then every check passes (or says it cannot be measured here), one line per step
     assert code == 0, stderr
     assert failures(report) == {}
-    for step in range(1, 7):
-        assert f"[{step}/6] " in stderr
+    assert [line[:5] for line in stderr.splitlines() if line.startswith("[")] == [
+        f"[{step}/8]" for step in range(1, 9)
+    ]
+    assert "[8/8] Clean-up: " in stderr
+    # and nothing the drill wrote on the server is left: notebooks, data, their folder
+    assert not (jp_root_dir / "pause-drill").exists()
     statuses = {c["name"]: c["status"] for c in report["checks"]}
     assert statuses["GPU memory released"] == "not measurable here"  # no GPU on this machine
     assert statuses["GPU released"] == statuses["model output bit-identical"] == "pass"
@@ -112,6 +116,39 @@ async def test_the_drill_passes_on_the_local_backend_with_numbers_from_the_timel
     assert usage["resume_latency_seconds"]["to_ready"]["count"] == resumes > 0
     assert usage["restores"]["files"] == resumes
     assert usage["totals"]["gpu_hours_released"] > 0
+
+
+async def test_the_clean_up_keeps_what_keep_asks_for_and_the_users_own_files(
+    server: Server, jp: Cli, tmp_path: Path, jp_root_dir: Path
+) -> None:
+    # Given a file of the user's in the drill's folder
+    folder = jp_root_dir / "pause-drill"
+    folder.mkdir()
+    (folder / "notes.md").write_text("mine\n")
+
+    # When the drill runs with --keep
+    code, _, stderr, report = await drill(jp, tmp_path / "drill", "--rush", "0", "--keep")
+
+    # Then what is left is the drill notebook, paused, its data (for --upgrade-check) and the
+    # user's file; the drill's other notebooks are gone
+    assert code == 0, stderr
+    left = sorted(
+        p.relative_to(folder).as_posix()
+        for p in folder.rglob("*")
+        if ".ipynb_checkpoints" not in p.parts
+    )
+    assert left == [
+        "drill-data",
+        "drill-data/input.npy",
+        "drill-data/result.json",
+        "drill.ipynb",
+        "notes.md",
+    ]
+    assert (folder / "notes.md").read_text() == "mine\n"
+    _, record = await server.call("GET", "sessions", MAIN)
+    assert record["state"] == "paused"
+    deleted = {c["name"]: c for c in report["checks"]}["drill's files deleted"]
+    assert deleted["status"] == "pass", deleted
 
 
 class NeverReleasingPool(GpuPool):

@@ -115,6 +115,17 @@ class ServerClient(cli.Client):
         body = {"type": "notebook", "format": "json", "content": content}
         self.api("PUT", f"contents/{cli.quote_path(path)}", body)
 
+    def list_folder(self, path: str) -> list[dict[str, Any]]:
+        """The folder's entries (name, path, type), as the contents API lists them (hidden
+        files are not); empty when there is no such folder."""
+        try:
+            listing = self.api("GET", f"contents/{cli.quote_path(path)}?content=1")
+        except cli.CliError as err:
+            if err.code != cli.EXIT_UNKNOWN:
+                raise
+            return []
+        return listing["content"] if listing.get("type") == "directory" else []
+
     def delete_file(self, path: str) -> None:
         try:
             self.api("DELETE", f"contents/{cli.quote_path(path)}")

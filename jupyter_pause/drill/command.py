@@ -7,12 +7,15 @@ import contextlib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from .. import cli
+from ..formatting import format_bytes
 from . import render, upgrade
 from .client import DrillError, ServerClient
+from .notebook import DATA_DIR, DATA_FILES
 from .server import OwnServer
-from .steps import BASELINE, FOLDER, MAIN, Drill
+from .steps import CLEANUP_STEP, DRILL_NOTEBOOK, FOLDER, MAIN, Drill
 
 
 def _server(args: argparse.Namespace, stack: contextlib.ExitStack) -> cli.ServerInfo:
@@ -60,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _clean_up(drill: Drill, client: ServerClient, keep: bool) -> None:
-    """Delete the drill's checkpoints (checking the storage is freed), kernels and files."""
+    """Delete what the drill made: its checkpoints (checking the storage is freed), kernels
+    and files, and its folder once empty. ``keep``: all but the drill notebook, paused, and
+    its data, which ``--upgrade-check`` reads."""
     paths = sorted(
         {s["path"] for s in client.get("sessions")["sessions"] if s["path"].startswith(FOLDER)}
     )
@@ -70,12 +75,52 @@ def _clean_up(drill: Drill, client: ServerClient, keep: bool) -> None:
             drill.pause(MAIN)
     for path in paths:
         client.close_notebook(path)
-    if paths:
-        drill.delete_and_check(paths)
-    for path in paths:
-        client.delete_file(path)
-    if not keep and BASELINE not in paths:
-        client.delete_file(BASELINE)
+    freed = drill.delete_and_check(paths) if paths else 0
+    kept = {MAIN, f"{FOLDER}/{DATA_DIR}"} if keep else set()
+    left = _delete_drill_files(client, kept)
+    own = [entry["name"] for entry in left if _drills_own(entry) and entry["path"] not in kept]
+    if own:
+        detail = f"{FOLDER}/ still holds {', '.join(own)}"
+    elif keep:
+        detail = f"kept {MAIN} (paused) and {FOLDER}/{DATA_DIR}/ for --upgrade-check"
+    elif left:
+        names = ", ".join(entry["name"] for entry in left)
+        detail = f"{FOLDER}/ kept: it holds files the drill did not write ({names})"
+    else:
+        detail = f"{FOLDER}/ deleted"
+    drill.check(CLEANUP_STEP, "drill's files deleted", not own, detail)
+    drill.progress(
+        CLEANUP_STEP,
+        "Clean-up",
+        f"deleted the drill's checkpoints ({format_bytes(freed)} freed), kernels and "
+        + (f"files but {MAIN} and its data (--keep)" if keep else "files"),
+    )
+
+
+def _drills_own(entry: dict[str, Any]) -> bool:
+    """A file or folder in FOLDER that the drill writes (its notebooks, their data folder)."""
+    if entry["type"] == "directory":
+        return entry["name"] == DATA_DIR
+    return DRILL_NOTEBOOK.fullmatch(entry["name"]) is not None
+
+
+def _delete_drill_files(client: ServerClient, kept: set[str]) -> list[dict[str, Any]]:
+    """Delete the drill's notebooks and data in FOLDER but ``kept``, then FOLDER when nothing
+    else is in it; what is left there (a user's own files are never touched)."""
+    for entry in client.list_folder(FOLDER):
+        if entry["path"] in kept or not _drills_own(entry):
+            continue
+        if entry["type"] == "directory":
+            for inner in client.list_folder(entry["path"]):
+                if inner["name"] in DATA_FILES:
+                    client.delete_file(inner["path"])
+            if client.list_folder(entry["path"]):
+                continue  # someone else's file in it: the folder stays
+        client.delete_file(entry["path"])
+    left = client.list_folder(FOLDER)
+    if not left:
+        client.delete_file(FOLDER)
+    return left
 
 
 def _upgrade_check(client: ServerClient, args: argparse.Namespace, out: Path) -> int:

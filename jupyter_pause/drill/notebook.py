@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 
 DATA_DIR = "drill-data"
+#: The files the drill notebook writes in DATA_DIR (its clean-up deletes these, no others).
+DATA_FILES = ("input.npy", "result.json")
 
 SETUP = f"""\
 import hashlib, json, os, socket, time

@@ -1,4 +1,5 @@
-"""The drill's steps, 1 to 6 of issue 16: each measures, checks, and prints one progress line.
+"""The drill's steps (issue 16's six, its sixth printed as three: the failure probe, the morning
+rush, the clean-up): each measures, checks, and prints one progress line.
 
 A check that fails names what went wrong in words an operator can act on; the drill goes on
 with the next steps where it can, and exits 1 at the end. What cannot be measured where the
@@ -8,6 +9,7 @@ drill runs (GPU memory without a GPU) is said so, never invented.
 from __future__ import annotations
 
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -26,10 +28,15 @@ FOLDER = "pause-drill"
 MAIN = f"{FOLDER}/drill.ipynb"
 BASELINE = f"{FOLDER}/baseline.ipynb"
 CLEANUP = f"{FOLDER}/cleanup.ipynb"
+#: Every notebook the drill writes in FOLDER (main, baseline, clean-up, GPU holders, rush):
+#: what its clean-up deletes, and nothing else a user may have put there.
+DRILL_NOTEBOOK = re.compile(r"(drill|baseline|cleanup|holder-\d+|rush-\d+)\.ipynb")
 #: What may stay in a notebook's store folder once its checkpoints are deleted: the session
 #: record, the notebook's name, the lock (a few KB).
 METADATA_BYTES = 64 * 1024
-STEPS = 6
+STEPS = 8
+#: Step numbers of the failure probe, the morning rush and the clean-up.
+PROBE_STEP, RUSH_STEP, CLEANUP_STEP = 6, 7, 8
 
 
 @dataclass
@@ -454,13 +461,13 @@ class Drill:
         status = self.client.get("status")["resources"]
         if not status["gpus_total"] or not self.before["gpus"]:
             self.check(
-                6,
+                PROBE_STEP,
                 "waits for resources",
                 None,
                 "this server hands out no GPU: resumes never wait",
                 "not applicable",
             )
-            self.progress(6, "Failure probe", "not applicable without GPUs to hand out")
+            self.progress(PROBE_STEP, "Failure probe", "not applicable without GPUs to hand out")
             return
         holders = [BASELINE]
         for i in range(1, status["gpus_total"] + 1):
@@ -471,21 +478,24 @@ class Drill:
             self.client.open_notebook(holders[-1])
             self.client.get("sessions")  # the server adopts the kernel and its GPU
         free = self.client.get("status")["resources"]["gpus_free"]
-        if not self.check(6, "resources made unavailable", free == 0, f"{free} GPU(s) still free"):
+        if not self.check(
+            PROBE_STEP, "resources made unavailable", free == 0, f"{free} GPU(s) still free"
+        ):
+            self.progress(PROBE_STEP, "Failure probe", "could not take every GPU")
             return
         asked = time.time() - 0.5
         with ThreadPoolExecutor(2) as pool:  # two tabs asking at once
             list(pool.map(lambda _: self.client.post("resume", cli.quote_path(MAIN)), range(2)))
         waiting = self.wait(MAIN, lambda r: r["state"] != "resuming")
         self.check(
-            6,
+            PROBE_STEP,
             "waits with a reason",
             waiting["state"] == "waiting-for-resources" and bool(waiting["message"]),
             f"{waiting['state']}: {waiting['message']}",
         )
         requests = _count(self.client.timeline(MAIN), "resume_requested", asked)
         self.check(
-            6,
+            PROBE_STEP,
             "one restore for two requests",
             requests == 1,
             "the second request joined the first"
@@ -500,13 +510,13 @@ class Drill:
         restored = _count(events, "state_restored", asked)
         kernels = len(self.client.kernels_of(MAIN))
         self.check(
-            6,
+            PROBE_STEP,
             "completes once resources return",
             record["state"] == "ready",
             f"{record['state']}: {record['message']}",
         )
         self.check(
-            6,
+            PROBE_STEP,
             "restored once",
             restored == 1 and kernels == 1,
             f"{restored} restore(s), {kernels} kernel(s) for {MAIN}",
@@ -518,23 +528,25 @@ class Drill:
             "ready_after_release_seconds": time.time() - released,
         }
         self.progress(
-            6,
+            PROBE_STEP,
             "Failure probe",
             f"waited with a reason ({waiting['message'][:60]}...), "
             f"{restored} restore(s) once resources came back",
         )
 
+    # -- 7 ---------------------------------------------------------------------------------------
     def rush(self) -> None:
         n = self.args.rush
         total = self.client.get("status")["resources"]["gpus_total"]
         if n <= 0 or not total or not self.before["gpus"]:
             self.check(
-                6,
+                RUSH_STEP,
                 "morning rush",
                 None,
                 "skipped (--rush 0 or no GPUs to hand out)",
                 "not applicable",
             )
+            self.progress(RUSH_STEP, "Morning rush", "skipped (--rush 0 or no GPUs to hand out)")
             return
         self.pause(MAIN)
         paths = [f"{FOLDER}/rush-{i}.ipynb" for i in range(1, n + 1)]
@@ -614,7 +626,7 @@ class Drill:
         self.numbers["rush"] = {"notebooks": n, "gpus": total, "rows": rows}
         lost = [r["path"] for r in rows if r["outcome"] != "restored"]
         self.check(
-            6,
+            RUSH_STEP,
             "rush: none lost",
             not lost,
             f"all {n} came back"
@@ -624,7 +636,7 @@ class Drill:
         )
         twice = [r["path"] for r in rows if r["restores"] > 1]
         self.check(
-            6,
+            RUSH_STEP,
             "rush: none restored twice",
             not twice,
             "one restore each" if not twice else f"restored twice: {', '.join(twice)}",
@@ -633,7 +645,7 @@ class Drill:
         by_request = [r["path"] for r in sorted(served, key=lambda r: r["requested"])]
         by_grant = [r["path"] for r in sorted(served, key=lambda r: r["acquired"])]
         self.check(
-            6,
+            RUSH_STEP,
             "rush: served in order",
             by_request == by_grant,
             "first come, first served"
@@ -642,7 +654,7 @@ class Drill:
         )
         silent = [r["path"] for r in served if r.get("waited_seconds", 0) > 1 and not r["reason"]]
         self.check(
-            6,
+            RUSH_STEP,
             "rush: each wait has a reason",
             not silent,
             "every notebook that waited said why"
@@ -651,7 +663,7 @@ class Drill:
         )
         if n <= total:
             self.check(
-                6,
+                RUSH_STEP,
                 "rush: contention",
                 None,
                 f"{n} notebooks against {total} GPU(s): "
@@ -659,9 +671,13 @@ class Drill:
                 "not applicable",
             )
         waits = ", ".join(f"{r.get('waited_seconds', 0):.1f} s" for r in rows)
-        self.progress(6, "Morning rush", f"{n} notebooks against {total} GPU(s); waits {waits}")
+        self.progress(
+            RUSH_STEP, "Morning rush", f"{n} notebooks against {total} GPU(s); waits {waits}"
+        )
 
-    def delete_and_check(self, paths: list[str]) -> None:
+    # -- 8 ---------------------------------------------------------------------------------------
+    def delete_and_check(self, paths: list[str]) -> int:
+        """Delete the notebooks' checkpoints and check their storage is freed: bytes freed."""
         before = self.usage_of(paths)
         free_before = (self.numbers.get("store") or {}).get("free_bytes")
         self.client.write_notebook(CLEANUP, [])
@@ -695,7 +711,7 @@ class Drill:
             "free_bytes_after": free_after,
         }
         self.check(
-            6,
+            CLEANUP_STEP,
             "checkpoints deleted and storage freed",
             not not_freed,
             f"{format_bytes(freed)} freed"
@@ -709,7 +725,7 @@ class Drill:
         )
         snapshots = sum(nb.get("snapshots", 0) for nb in after.values())
         self.check(
-            6,
+            CLEANUP_STEP,
             "snapshots deleted",
             snapshots == 0 if snapshots else None,
             f"{snapshots} snapshot(s) left"
@@ -717,6 +733,4 @@ class Drill:
             else f"no platform snapshots on the {self.numbers['environment']['backend']} backend",
             "not applicable",
         )
-        self.progress(
-            6, "Clean-up", f"deleted the drill's checkpoints, {format_bytes(freed)} freed"
-        )
+        return freed
