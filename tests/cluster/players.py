@@ -616,8 +616,9 @@ class PlayedCluster:
             self.control_plane.user.kubeconfig(path, self.namespace)
         return path
 
-    def edit_role(self, drop: dict[str, str]) -> None:
-        """An admin takes verbs from the shipped Role (resource -> verb); waits until RBAC says no."""
+    def edit_role(self, play: WorkspacePlay, drop: dict[str, str]) -> None:
+        """An admin takes verbs from the shipped Role (resource -> verb); returns once the API
+        server refuses each of them to ``play``'s pod, asked with that pod's own token."""
         from kubernetes import client
 
         rbac = client.RbacAuthorizationV1Api(self.api)
@@ -630,25 +631,33 @@ class PlayedCluster:
         rbac.patch_namespaced_role(
             "jupyter-pause-workspace", self.namespace, {"rules": rules}, _content_type=MERGE
         )
-        authorization = client.AuthorizationV1Api(self.api)
-        for resource, verb in drop.items():
-            group = "kubeflow.org" if resource == "workspaces" else "podsnapshot.gke.io"
-            review = client.V1SubjectAccessReview(
-                spec=client.V1SubjectAccessReviewSpec(
-                    user=f"system:serviceaccount:{self.namespace}:ws-lab",
-                    groups=[f"system:serviceaccounts:{self.namespace}", "system:serviceaccounts"],
-                    resource_attributes=client.V1ResourceAttributes(
-                        namespace=self.namespace, verb=verb, group=group, resource=resource
-                    ),
+        # A SelfSubjectAccessReview sent with the token the pod's server calls with: the API
+        # server judges exactly the identity (user and every group it authenticates to) that
+        # the pause will use, which a SubjectAccessReview written by the admin only imitates.
+        pod = play.current
+        token = (
+            (pod.workdir / "sa" / "token").read_text()
+            if pod is not None
+            else self.service_account_token(play)
+        )
+        with self.control_plane.credentials(token).api_client() as as_pod:
+            authorization = client.AuthorizationV1Api(as_pod)
+            for resource, verb in drop.items():
+                group = "kubeflow.org" if resource == "workspaces" else "podsnapshot.gke.io"
+                review = client.V1SelfSubjectAccessReview(
+                    spec=client.V1SelfSubjectAccessReviewSpec(
+                        resource_attributes=client.V1ResourceAttributes(
+                            namespace=self.namespace, verb=verb, group=group, resource=resource
+                        )
+                    )
                 )
-            )
-            wait_for(
-                lambda review=review: (
-                    not authorization.create_subject_access_review(review).status.allowed
-                ),
-                10,
-                f"RBAC to refuse {verb} {resource}",
-            )
+                wait_for(
+                    lambda review=review: (
+                        not authorization.create_self_subject_access_review(review).status.allowed
+                    ),
+                    30,
+                    f"the API server to refuse {verb} {resource} to {play.service_account}",
+                )
 
     def quota(self, resource: str, hard: int) -> None:
         """A ResourceQuota on ``resource``, its status set as the quota controller would."""

@@ -362,7 +362,9 @@ def test_a_forbidden_pause_names_the_rbac_verb_and_the_kernel_keeps_running(
     # Given a running workspace whose Role lost two verbs (an admin's edit)
     server = running(cluster, workspace)
     kernel_id, expected = notebook_with_data(server, "a.ipynb")
-    cluster.edit_role(drop={"workspaces": "patch", "podsnapshotmanualtriggers": "create"})
+    cluster.edit_role(
+        workspace, drop={"workspaces": "patch", "podsnapshotmanualtriggers": "create"}
+    )
 
     # When the notebook is paused
     code, _ = server.request("POST", "/jupyter-pause/pause/a.ipynb")
