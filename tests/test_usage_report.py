@@ -10,7 +10,7 @@ import pytest
 
 from jupyter_pause.records import SessionRecord
 from jupyter_pause.timeline import Timeline
-from jupyter_pause.usage import report, sources
+from jupyter_pause.usage import render, report, sources
 from jupyter_pause.usage.spans import percentile
 
 from .cli_runner import Cli
@@ -210,3 +210,46 @@ async def test_report_reads_a_store_without_a_server(tmp_path: Path, jp: Cli) ->
     ]
     saved = json.loads((out / "report.json").read_text())
     assert saved["totals"]["gpu_hours_allocated"] == 168.0
+
+
+def paused_without_gpu(cycles: int, start: float = MONDAY) -> dict[str, Any]:
+    """A kernel on a machine without a GPU, paused and resumed ``cycles`` times (an hour each)."""
+    events = []
+    for cycle in range(cycles):
+        at = start + cycle * 2 * H
+        events += [
+            ev("last_activity", at),
+            ev("pause_requested", at + 60, reason="toolbar"),
+            ev("checkpoint_written", at + 61, bytes_written=1000),
+            ev("kernel_stopped", at + 62),
+            ev("gpu_released", at + 62, measured=False, gpus=[]),
+            ev("resume_requested", at + H),
+            ev("resources_acquired", at + H + 1, gpus=[]),
+            ev("state_restored", at + H + 2, how="files", restored=["x"], failed={}),
+            ev("kernel_ready", at + H + 3),
+        ]
+    return {**worked_week(), "path": "cpu.ipynb", "gpus_needed": 0, "events": events}
+
+
+def test_pauses_are_counted_as_the_timeline_counts_them_also_without_a_gpu() -> None:
+    # Given a notebook on a machine without a GPU, paused and resumed five times
+    notebook = paused_without_gpu(5)
+    data = listing(notebook, now=MONDAY + 24 * H)
+
+    # When the report is built
+    numbers = report.build(data, since_seconds=None)
+
+    # Then it counts five pauses and five resumes, as the notebook's timeline does
+    accounting = Timeline.from_json(notebook["events"]).accounting(gpus=0, busy_seconds=0)
+    assert (accounting.pauses, accounting.resumes) == (5, 5)
+    (row,) = numbers["groups"]
+    assert (row["pauses"], row["resumes"]) == (5, 5)
+    assert (numbers["pauses"], numbers["resumes"]) == (5, 5)
+    # and says plainly what it counts; no GPU time was held, none released
+    text = render.markdown(numbers, "test", [])
+    assert "| cpu.ipynb | 0.00 | 0.00 | 0.00 | 0.00 | 5 | 5 | 0 B |" in text
+    assert "Pauses (5) and resumes (5) are requests, counted as `jupyter pause timeline`" in text
+    assert "No pause has been recorded yet" not in text
+    # a window that starts after the third cycle holds the last two pauses
+    since_third = report.build(data, since_seconds=24 * H - 5 * H)
+    assert since_third["groups"][0]["pauses"] == 2 and since_third["pauses_recorded"] == 5

@@ -75,6 +75,12 @@ def markdown(report: dict[str, Any], source: str, charts: list[Path]) -> str:
             ],
         )
     )
+    out += [
+        "",
+        f"Pauses ({report['pauses']}) and resumes ({report['resumes']}) are requests, counted "
+        "as `jupyter pause timeline` counts them: also a pause the kernel survived (it failed) "
+        "and one of a kernel without a GPU.",
+    ]
     out += ["", "## Per week", ""]
     out.append(
         md_table(

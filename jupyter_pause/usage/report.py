@@ -116,6 +116,7 @@ def _windowed(nb: NotebookSpans, start: float, end: float) -> NotebookSpans:
             absences.append(type(a)(max(a.start, start), a.end, a.gpus, a.returned))
     nb.absences = absences
     nb.resumes = [r for r in nb.resumes if start <= r.requested <= end]
+    nb.pauses = [at for at in nb.pauses if start <= at <= end]
     return nb
 
 
@@ -133,6 +134,7 @@ def build(
         default=now,
     )
     start = now - since_seconds if since_seconds else first
+    pauses_recorded = sum(len(nb.pauses) for nb in all_spans)  # before the window clips them
     notebooks = [_windowed(nb, start, now) for nb in all_spans]
     gpu_notebooks = [nb for nb in notebooks if nb.uses_gpus]
     prices = {**(listing.get("prices") or {}), **(prices or {})}
@@ -147,7 +149,7 @@ def build(
             {
                 by: name,
                 **_totals(members),
-                "pauses": sum(len(nb.pause_seconds) for nb in members),
+                "pauses": sum(len(nb.pauses) for nb in members),
                 "resumes": sum(len(nb.resumes) for nb in members),
                 "storage_bytes": storage,
             }
@@ -165,6 +167,10 @@ def build(
         "by": by,
         "notebooks": len(notebooks),
         "gpu_notebooks": len(gpu_notebooks),
+        # requests, as `jupyter pause timeline` counts them
+        "pauses": sum(len(nb.pauses) for nb in notebooks),
+        "resumes": len(resumes),
+        "pauses_recorded": pauses_recorded,
         "totals": totals,
         "groups": rows,
         "weeks": _calendar(notebooks, "week"),

@@ -91,6 +91,9 @@ class NotebookSpans:
     released: list[Span] = field(default_factory=list)
     absences: list[Absence] = field(default_factory=list)
     resumes: list[Resume] = field(default_factory=list)
+    #: When each pause was requested (``jupyter pause timeline`` counts these as its pauses;
+    #: one the kernel survived counts too, as does a pause of a kernel that held no GPU).
+    pauses: list[float] = field(default_factory=list)
     #: Seconds from each pause request until the GPU was back: what a pause costs in GPU time.
     pause_seconds: list[float] = field(default_factory=list)
     storage_bytes: int = 0
@@ -149,6 +152,7 @@ def notebook_spans(notebook: dict[str, Any], now: float) -> NotebookSpans:
         elif kind == "last_activity":
             last_activity = at
         elif kind == "pause_requested":
+            result.pauses.append(at)
             pause_requested = at
             away_since = last_activity if last_activity is not None else at
         elif kind == "idle_gap":
