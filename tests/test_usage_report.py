@@ -253,3 +253,23 @@ def test_pauses_are_counted_as_the_timeline_counts_them_also_without_a_gpu() -> 
     # a window that starts after the third cycle holds the last two pauses
     since_third = report.build(data, since_seconds=24 * H - 5 * H)
     assert since_third["groups"][0]["pauses"] == 2 and since_third["pauses_recorded"] == 5
+
+
+async def test_a_report_before_any_pause_is_empty_and_says_so(tmp_path: Path) -> None:
+    # Given no server running and no checkpoint store yet (nothing was ever paused here)
+    no_server = Cli("http://127.0.0.1:9", "-", tmp_path / "runtime")
+    store = tmp_path / "never-made"
+
+    # When the report is asked for
+    code, stdout, stderr = await no_server(
+        "report", "--out", str(tmp_path / "out"), discover=True, JUPYTER_PAUSE_STORE=str(store)
+    )
+
+    # Then it prints an empty report that says no pause has been recorded yet, and exits 0
+    assert code == 0, stderr
+    assert "**No pause has been recorded yet.**" in stdout
+    assert f"no store at {store} yet (the first checkpoint makes it); 0 notebooks" in stdout
+    assert "reading the store instead" in stderr
+    assert not store.exists()  # a report never makes a store
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert (saved["notebooks"], saved["pauses"], saved["pauses_recorded"]) == (0, 0, 0)

@@ -27,7 +27,9 @@ def listing_of(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             return cli.Client(server).get("usage"), f"server {server.url}"
     store = Path(args.store) if args.store else default_store_root()
     if not store.is_dir():
-        raise cli.CliError(f"No checkpoint store at {store}", cli.EXIT_USAGE)
+        # The first checkpoint makes the store: without one, nothing was paused yet here.
+        source = f"no store at {store} yet (the first checkpoint makes it)"
+        return sources.listing(store, [], {}), source
     return sources.listing(store, sources.read_store(store), {}), f"store {store}"
 
 

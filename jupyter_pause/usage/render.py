@@ -37,6 +37,10 @@ def markdown(report: dict[str, Any], source: str, charts: list[Path]) -> str:
         f"({format_duration(window['seconds'])}); {source}; {report['notebooks']} notebooks, "
         f"{report['gpu_notebooks']} with GPUs.",
         "",
+    ]
+    if not report.get("pauses_recorded"):
+        out += ["**No pause has been recorded yet.**", ""]
+    out += [
         "## Allocated vs worked",
         "",
         f"**{allocated:.1f} GPU hours allocated, {active:.1f} worked** "
