@@ -119,7 +119,14 @@ def test_a_paused_night_counts_released_hours_latency_and_measured_costs() -> No
     latency = numbers["resume_latency_seconds"]
     assert (latency["queue"]["p50"], latency["to_ready"]["p50"]) == (5, 20)
     assert latency["to_next_cell"]["max"] == 80
-    assert numbers["restores"] == {"live": 0, "files": 1, "partial": 0, "failed": 0, "in flight": 0}
+    assert numbers["restores"] == {
+        "live": 0,
+        "live not proven": 0,
+        "files": 1,
+        "partial": 0,
+        "failed": 0,
+        "in flight": 0,
+    }
     assert numbers["storage"]["bytes"] == 2 * 10**9 and numbers["storage"]["checkpoints"] == 2
     # money at 2.0 per GPU hour and 0.05 per GB-month
     money = numbers["money"]
@@ -253,6 +260,48 @@ def test_pauses_are_counted_as_the_timeline_counts_them_also_without_a_gpu() -> 
     # a window that starts after the third cycle holds the last two pauses
     since_third = report.build(data, since_seconds=24 * H - 5 * H)
     assert since_third["groups"][0]["pauses"] == 2 and since_third["pauses_recorded"] == 5
+
+
+def restored(how: str, at: float, **proof: Any) -> list[dict[str, Any]]:
+    """One pause and resume ending in a ``state_restored`` event saying ``how``."""
+    return [
+        ev("pause_requested", at, reason="toolbar"),
+        ev("kernel_stopped", at + 1),
+        ev("resume_requested", at + 10),
+        ev("state_restored", at + 11, how=how, restored=["x"], failed={}, **proof),
+        ev("kernel_ready", at + 12),
+    ]
+
+
+def test_a_restore_counts_as_live_only_when_the_token_recorded_at_the_pause_matched() -> None:
+    # Given restores the timeline calls live: one proven (the token recorded at the pause
+    # matched), one written before that check existed, one whose token did not match
+    events = [
+        *restored("live", MONDAY, token_matched=True),
+        *restored("live", MONDAY + H),
+        *restored("live", MONDAY + 2 * H, token_matched=False),
+        *restored("files", MONDAY + 3 * H),
+    ]
+    notebook = {**worked_week(), "path": "lab.ipynb", "gpus_needed": 0, "events": events}
+
+    # When the report is built
+    numbers = report.build(listing(notebook, now=MONDAY + 5 * H), since_seconds=None)
+
+    # Then only the proven one is live; the others are counted apart, never as live
+    assert numbers["restores"] == {
+        "live": 1,
+        "live not proven": 2,
+        "files": 1,
+        "partial": 0,
+        "failed": 0,
+        "in flight": 0,
+    }
+    text = render.markdown(numbers, "test", [])
+    assert (
+        "Restores: 1 live (the same process: its token matched the one recorded at the pause)"
+        in text
+    )
+    assert ", 2 live, not proven (recorded before this check: " in text
 
 
 async def test_a_report_before_any_pause_is_empty_and_says_so(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..formatting import format_bytes, format_duration
 from ..markdown import md_table, pyplot, save
+from .spans import LIVE_NOT_PROVEN
 from .study import RELEASE_SHARE
 
 #: The daily chart shows the last four weeks (the JSON has every day of the window).
@@ -146,9 +147,16 @@ def _resumes(report: dict[str, Any]) -> list[str]:
         "",
         md_table(["latency", "resumes", "p50", "p90", "p99", "max"], rows),
         "",
-        f"Restores: {restores['live']} live, {restores['files']} from files, "
+        f"Restores: {restores['live']} live (the same process: its token matched the one "
+        f"recorded at the pause), {restores['files']} from files, "
         f"{restores['partial']} partial, {restores['failed']} failed"
         + (f", {restores['in flight']} in flight" if restores["in flight"] else "")
+        + (
+            f", {restores[LIVE_NOT_PROVEN]} live, not proven (recorded before this check: "
+            "these may have been new, empty kernels)"
+            if restores.get(LIVE_NOT_PROVEN)
+            else ""
+        )
         + ".",
     ]
 

@@ -11,7 +11,15 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from .spans import NotebookSpans, Span, clip, gpu_seconds, notebook_spans, percentile
+from .spans import (
+    LIVE_NOT_PROVEN,
+    NotebookSpans,
+    Span,
+    clip,
+    gpu_seconds,
+    notebook_spans,
+    percentile,
+)
 from .study import Costs, measured_costs, recommend, replay, study
 
 GROUPS: dict[str, Callable[[NotebookSpans], str]] = {
@@ -156,7 +164,9 @@ def build(
         )
 
     resumes = [r for nb in notebooks for r in nb.resumes]
-    restores = {how: 0 for how in ("live", "files", "partial", "failed", "in flight")}
+    restores = {
+        how: 0 for how in ("live", LIVE_NOT_PROVEN, "files", "partial", "failed", "in flight")
+    }
     for r in resumes:
         restores[r.how or "in flight"] += 1
     totals = _totals(notebooks)

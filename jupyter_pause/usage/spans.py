@@ -64,7 +64,8 @@ class Resume:
     acquired: float | None = None  # resources granted (after any wait in the queue)
     ready: float | None = None
     next_cell: float | None = None
-    how: str | None = None  # live | files | partial | failed; None while in flight
+    #: live | live not proven | files | partial | failed; None while in flight
+    how: str | None = None
 
     @property
     def queue_seconds(self) -> float | None:
@@ -182,9 +183,25 @@ def notebook_spans(notebook: dict[str, Any], now: float) -> NotebookSpans:
     return result
 
 
+#: A live restore recorded before the server proved one (``token_matched``, the token the
+#: kernel answered against the one recorded at the pause): it may have been an empty kernel.
+LIVE_NOT_PROVEN = "live not proven"
+
+
+def restore_how(data: dict[str, Any]) -> str:
+    """How a ``state_restored`` event says the state came back; "live" only when the token
+    recorded at the pause matched, never on the word of an older version's event."""
+    if data.get("failed"):
+        return "partial"
+    how = str(data.get("how") or "files")
+    if how == "live" and data.get("token_matched") is not True:
+        return LIVE_NOT_PROVEN
+    return how
+
+
 def _follow_resume(resume: Resume, kind: str, at: float, data: dict[str, Any]) -> None:
     if kind == "state_restored":
-        resume.how = "partial" if data.get("failed") else str(data.get("how") or "files")
+        resume.how = restore_how(data)
     elif kind == "kernel_ready" and resume.ready is None:
         resume.ready = at
     elif kind == "first_cell_executed" and resume.next_cell is None:
