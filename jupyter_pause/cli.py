@@ -427,6 +427,13 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
         f"Backend:  {status.get('backend')}; GPUs: {resources.get('gpus_total', 0)} total, "
         f"{resources.get('gpus_free', 0)} free; queue: {', '.join(queue) or 'empty'}"
     )
+    details = resources.get("details") or {}
+    if details.get("problem"):
+        fallback = f"; {details['fallback']}" if details.get("fallback") else ""
+        print(
+            f"Warning:  the {status.get('backend')} backend cannot work fully here: "
+            f"{details['problem']}{fallback}"
+        )
     if not sessions:
         print("Sessions: none")
         print_attention([], status.get("problems") or [])

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from .cli_runner import Cli
 from .servers import Server, pause_and_wait, pause_server_config
 
 
@@ -31,6 +32,7 @@ async def test_without_criu_idle_kernels_pause_from_files_and_busy_ones_wait(
     details: dict[str, Any] = status["resources"]["details"]
     assert status["backend"] == "criu" and details["process_snapshots"] is None
     assert "no criu binary at" in details["problem"] and "no-such-criu" in details["problem"]
+    assert details["fallback"].startswith("pauses checkpoint and stop idle kernels")
 
     # And a running cell is not interrupted: the pause waits for it, then refuses
     running = asyncio.create_task(server.run(kernel_id, "time.sleep(3)"))
@@ -53,3 +55,26 @@ async def test_without_criu_idle_kernels_pause_from_files_and_busy_ones_wait(
     ready = await server.wait_state("plain.ipynb", "ready", "partial", "failed")
     assert ready["how"] == "files" and ready["kernel_id"] != kernel_id, ready
     assert await server.run(ready["kernel_id"], "print(kept)") == "yes\n"
+
+
+async def test_jupyter_pause_status_says_the_criu_backend_falls_back_and_why(
+    server: Server, jp: Cli
+) -> None:
+    # Given the criu backend on a machine where its criu binary is missing, checked at start
+    await server.start_extension()
+    assert "no criu binary at" in await server.orchestrator.backend.usable()
+
+    # When the user asks for the status
+    code, out, err = await jp("status")
+
+    # Then the backend line is followed by why it cannot snapshot processes, and what a pause
+    # does instead
+    assert code == 0, err
+    backend, warning = [line for line in out.splitlines() if line.startswith(("Backend", "Warn"))]
+    assert backend.startswith("Backend:  criu;")
+    assert warning.startswith("Warning:  the criu backend cannot work fully here: no criu binary")
+    assert "no-such-criu" in warning
+    assert warning.endswith(
+        "; pauses checkpoint and stop idle kernels, and resume them from their checkpoints; "
+        "busy kernels wait for their cell"
+    )

@@ -136,6 +136,13 @@ class CriuBackend(LocalBackend):
         checked = self._checked is not None and self._checked.done()
         status.details["process_snapshots"] = "criu" if checked and self.problem is None else None
         status.details["problem"] = self.problem
+        if self.problem:
+            # Said where users look (the status bar's tooltip, `jupyter pause status`): the
+            # backend is still called criu, but pauses are the local backend's.
+            status.details["fallback"] = (
+                "pauses checkpoint and stop idle kernels, and resume them from their "
+                "checkpoints; busy kernels wait for their cell"
+            )
         return status
 
     # -- pause ------------------------------------------------------------------------------------
