@@ -242,6 +242,28 @@ def test_changes_behind_the_cell_analysis(start_kernel: KernelFactory, tmp_path:
     assert fresh.value("[weights[0, 0].item(), array[0, 0], array[1, 1]]") == [2.0, 42.0, 43.0]
 
 
+def test_list_names_the_notebook_from_the_kernels_folder_not_by_its_absolute_path(
+    start_kernel: KernelFactory, tmp_path: Path
+) -> None:
+    # Given a kernel whose notebook lies below its working directory
+    workdir = tmp_path / "work"
+    notebook = workdir / "exp" / "train.ipynb"
+    kernel = start_kernel(JUPYTER_PAUSE_NOTEBOOK=str(notebook))
+    kernel.ok("%load_ext jupyter_pause\nweights = [1, 2]")
+    # Then the listing names it relative to that folder, before and after a checkpoint
+    empty = kernel.ok("%checkpoint list")
+    assert empty == "No checkpoints yet for exp/train.ipynb.\n"
+    checkpoint(kernel)
+    listing = kernel.ok("%checkpoint list")
+    assert listing.startswith("Checkpoints of exp/train.ipynb:\n")
+    assert str(tmp_path) not in listing
+
+    # And a notebook elsewhere by its name
+    elsewhere = start_kernel(JUPYTER_PAUSE_NOTEBOOK=str(tmp_path / "other" / "eval.ipynb"))
+    elsewhere.ok("%load_ext jupyter_pause")
+    assert elsewhere.ok("%checkpoint list") == "No checkpoints yet for eval.ipynb.\n"
+
+
 def test_marks_list_restore_named_and_delete(start_kernel: KernelFactory) -> None:
     kernel = start_kernel()
     kernel.ok("%load_ext jupyter_pause\na = 1\nb = [2]\nc = 'three'")

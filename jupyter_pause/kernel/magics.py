@@ -159,12 +159,21 @@ class CheckpointMagics(Magics):
         )
 
     def _do_list(self, rest: list[str], args: Any) -> None:
+        import os  # only the listing works with paths
+
         infos = self.checkpointer.list_checkpoints()
         torn = self.checkpointer.torn_checkpoints()
+        # The notebook as the user knows it from the kernel's folder, not the absolute path
+        # that keys the store: relative when it lies below the kernel's working directory,
+        # else its name (the key is the working directory itself when no notebook is known).
+        key = self.checkpointer.key
+        relative = os.path.relpath(key, os.getcwd())
+        if relative == os.curdir or relative.split(os.sep)[0] == os.pardir:
+            relative = os.path.basename(key.rstrip(os.sep)) or key
         if not infos:
-            print(f"No checkpoints yet for {self.checkpointer.key}.")
+            print(f"No checkpoints yet for {relative}.")
         else:
-            print(f"Checkpoints of {self.checkpointer.key}:")
+            print(f"Checkpoints of {relative}:")
             print(f"{'id':>5}  {'saved at':19}  {'size':>9}  {'kind':9}  variables")
             for info in infos:
                 when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.created))
