@@ -322,3 +322,27 @@ async def test_a_report_before_any_pause_is_empty_and_says_so(tmp_path: Path) ->
     assert not store.exists()  # a report never makes a store
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
     assert (saved["notebooks"], saved["pauses"], saved["pauses_recorded"]) == (0, 0, 0)
+
+
+def test_the_idle_threshold_chart_of_nothing_runs_from_0_to_1_and_says_why() -> None:
+    from jupyter_pause.markdown import pyplot
+
+    plt = pyplot()
+    # Given a report without any idle gap, and one of a worked week
+    empty = report.build(listing(now=MONDAY), since_seconds=None)
+    week = report.build(listing(worked_week(), now=MONDAY + 168 * H), since_seconds=None)
+
+    # When their idle-threshold charts are drawn
+    empty_figure = render.study_figure(empty, plt)
+    week_figure = render.study_figure(week, plt)
+    try:
+        # Then the empty one's axes run from 0 to 1 and it says there is nothing yet
+        assert [axes.get_ylim() for axes in empty_figure.axes] == [(0.0, 1.0), (0.0, 1.0)]
+        assert [t.get_text() for t in empty_figure.axes[0].texts] == ["no idle gaps yet"]
+        # and the week's start at 0 and reach its 127.5 GPU hours released at 5 min
+        released_axes = week_figure.axes[0]
+        assert released_axes.get_ylim()[0] == 0.0 and released_axes.get_ylim()[1] > 127.5
+        assert list(released_axes.texts) == []
+    finally:
+        plt.close(empty_figure)
+        plt.close(week_figure)

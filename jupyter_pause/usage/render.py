@@ -259,26 +259,43 @@ def charts(report: dict[str, Any], folder: Path) -> list[Path]:
         axes.set_title(f"GPU hours per day (the last {len(days)} days with GPU time)")
         axes.legend()
         written.append(save(figure, folder / "gpu-hours-per-day.png"))
-    outcomes = report["idle_threshold_study"]["thresholds"]
+    written.append(save(study_figure(report, plt), folder / "idle-threshold-study.png"))
+    return written
+
+
+def study_figure(report: dict[str, Any], plt: Any) -> Any:
+    """The idle-threshold study's chart: GPU hours released and minutes users would wait,
+    per threshold. Both axes start at 0; with nothing to show yet (no idle gap recorded, or
+    none long enough) they run to 1 and the chart says why it is empty, instead of the axis
+    of -0.04 to 0.04 that matplotlib draws around all-zero lines."""
+    study = report["idle_threshold_study"]
+    outcomes = study["thresholds"]
     figure, released_axes = plt.subplots(figsize=(8, 3.2))
     minutes = [o["minutes"] for o in outcomes]
-    released_axes.plot(
-        minutes, [o["gpu_hours_released"] for o in outcomes], "o-", label="GPU h released"
-    )
+    released = [o["gpu_hours_released"] for o in outcomes]
+    waits = [o["wait_minutes"] for o in outcomes]
+    released_axes.plot(minutes, released, "o-", label="GPU h released")
     released_axes.set_xlabel("idle threshold (minutes)")
     released_axes.set_ylabel("GPU hours released")
     wait_axes = released_axes.twinx()
-    wait_axes.plot(
-        minutes,
-        [o["wait_minutes"] for o in outcomes],
-        "s--",
-        color="tab:red",
-        label="minutes users wait",
-    )
+    wait_axes.plot(minutes, waits, "s--", color="tab:red", label="minutes users wait")
     wait_axes.set_ylabel("minutes users would wait")
+    for axes, values in ((released_axes, released), (wait_axes, waits)):
+        axes.set_ylim(bottom=0, top=None if max(values, default=0) > 0 else 1)
     released_axes.set_title("Idle-threshold study")
-    recommended = report["idle_threshold_study"]["recommended_minutes"]
+    if not any(released) and not any(waits):
+        released_axes.text(
+            0.5,
+            0.5,
+            "no idle gaps yet"
+            if not study["absences"]
+            else "no idle gap long enough to release a GPU",
+            transform=released_axes.transAxes,
+            ha="center",
+            va="center",
+            color="grey",
+        )
+    recommended = study["recommended_minutes"]
     if recommended is not None:
         released_axes.axvline(recommended, color="grey", linestyle=":")
-    written.append(save(figure, folder / "idle-threshold-study.png"))
-    return written
+    return figure
