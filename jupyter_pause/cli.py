@@ -30,6 +30,8 @@ EXIT_CONFLICT = 5
 EXIT_FORBIDDEN = 6
 EXIT_TIMEOUT = 7
 EXIT_INTERRUPTED = 130
+#: What a shell reports for a program ended by SIGPIPE (`jupyter pause timeline | head -1`).
+EXIT_BROKEN_PIPE = 141
 
 #: HTTP statuses of the REST API and the exit codes they become.
 HTTP_EXIT_CODES = {400: EXIT_USAGE, 403: EXIT_FORBIDDEN, 404: EXIT_UNKNOWN, 409: EXIT_CONFLICT}
@@ -950,6 +952,30 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
+    try:
+        return _run(argv)
+    except BrokenPipeError:
+        if not _reader_gone():
+            raise  # not our output's reader: a real error, with its traceback
+        # The reader stopped reading (`| head`): end quietly as a program ended by SIGPIPE
+        # does; what is still buffered goes nowhere, so Python's flush at exit cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            os.dup2(devnull, stream.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _reader_gone() -> bool:
+    """Whether stdout or stderr is a pipe nobody reads any more (poll says POLLERR)."""
+    import select
+
+    poller = select.poll()
+    for stream in (sys.stdout, sys.stderr):
+        poller.register(stream.fileno(), select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

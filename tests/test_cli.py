@@ -6,10 +6,13 @@ a blocking call would stop the very server it talks to.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import shlex
 import shutil
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,33 @@ def closed_port() -> int:
 
 
 # -- commands against a real server ---------------------------------------------------------------
+async def test_output_piped_into_head_ends_quietly_when_head_stops_reading(
+    server: Server, jp: Cli, tmp_path: Path
+) -> None:
+    # Given a notebook whose timeline is longer than a pipe holds (3,000 events, ~300 KB)
+    await server.open_notebook("long.ipynb")
+    record = await server.orchestrator.get("long.ipynb")
+    for i in range(3000):
+        record.timeline.add("idle_gap", at=1_700_000_000.0 + 600 * i, seconds=300.0)
+
+    # When its timeline is piped into `head -1`, which closes the pipe after one line
+    timeline = ["timeline", "long.ipynb", "--url", jp.url, "--token", jp.token]
+    command = shlex.join([sys.executable, "-m", "jupyter_pause.cli", *timeline])
+    stderr = tmp_path / "stderr"
+    shell = await asyncio.create_subprocess_exec(
+        "bash",
+        "-c",
+        f'{command} 2>{shlex.quote(str(stderr))} | head -1; echo "exit ${{PIPESTATUS[0]}}"',
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(shell.communicate(), timeout=120)
+
+    # Then head shows the first line, and the CLI ends as a program ended by SIGPIPE does:
+    # no traceback, exit status 141
+    assert out.decode().splitlines() == ["Timeline of long.ipynb (now active):", "exit 141"]
+    assert stderr.read_text() == ""
+
+
 async def test_status_shows_the_gpus_and_every_session(server: Server, jp: Cli) -> None:
     # Given a notebook whose kernel holds the only GPU
     kernel_id = await server.open_notebook("exp/train.ipynb")
