@@ -83,7 +83,8 @@ test: $(SETUP_STAMP) browser
 	stage ruff sh -c '$(BIN)/ruff check . && $(BIN)/ruff format --check .'; \
 	stage lint $(JLPM) lint:check; \
 	stage jest $(JLPM) test; \
-	stage ui-tests sh -c 'cd ui-tests && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(JLPM) install && CHROMIUM_PATH=$(CHROMIUM) $(JLPM) playwright test'; \
+	stage ui-tests sh -c 'cd ui-tests && rm -f server.log && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(JLPM) install && { CHROMIUM_PATH=$(CHROMIUM) $(JLPM) playwright test || { \
+		if [ -f server.log ]; then echo "--- the last 80 lines of the server log, ui-tests/server.log:"; tail -n 80 server.log; fi; exit 1; }; }'; \
 	stage pytest $(BIN)/pytest -p no:cacheprovider -rs; \
 	printf "\nmake test:\n$$summary"; \
 	exit $$failed

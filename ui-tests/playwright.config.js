@@ -57,7 +57,9 @@ module.exports = {
     }
   },
   webServer: {
-    command: 'jlpm start',
+    // The server's log (~2,000 lines a run) goes to server.log, not among the
+    // test results: `make test` prints its tail when the stage fails.
+    command: 'jlpm start >server.log 2>&1',
     url: `${baseURL}/lab`,
     timeout: 120 * 1000,
     // A fresh server each run: paused sessions and GPU holders persist in the server.
