@@ -167,9 +167,12 @@ class Environment:
             except BackendError as err:
                 self._abort(running, f"the workspace cannot be paused: {err}")
                 return
+            tokens: dict[str, str | None] = {}  # of each kernel, from its pause checkpoint
             for record in running:
                 try:
-                    await self.o._checkpoint(record, reason="pause", then="checkpointing")
+                    _result, tokens[record.path] = await self.o._checkpoint(
+                        record, reason="pause", then="checkpointing"
+                    )
                 except Conflict as err:
                     self._abort(running, f"{record.path} could not be checkpointed: {err}")
                     return
@@ -196,7 +199,7 @@ class Environment:
                 await self._after_restore(await self.backend.environment_facts())
                 return
             await self.write(state)
-            self._mark_paused(running, state, outcome)
+            self._mark_paused(running, state, outcome, tokens)
             await self.o.writer.flush()
             if outcome.name:  # retention: older snapshots go before the pod does
                 await self.expire_snapshots()
@@ -250,7 +253,11 @@ class Environment:
         }
 
     def _mark_paused(
-        self, running: list[SessionRecord], state: dict[str, Any], outcome: SnapshotOutcome
+        self,
+        running: list[SessionRecord],
+        state: dict[str, Any],
+        outcome: SnapshotOutcome,
+        tokens: dict[str, str | None],
     ) -> None:
         when = time.strftime("%H:%M", time.localtime(state["paused_at"]))
         if outcome.name:
@@ -271,6 +278,9 @@ class Environment:
                 f"Paused since {when} with the whole workspace ({saved} saved; {snapshot}).",
                 progress=None,
                 gpus=[],
+                paused_process_token=tokens.get(record.path),
+                paused_checkpoint_id=record.checkpoint.get("id"),
+                unrestored_kernel=False,
             )
 
     def _abort(self, running: list[SessionRecord], what: str) -> None:

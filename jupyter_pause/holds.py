@@ -43,12 +43,34 @@ def _held(record: SessionRecord) -> list[tuple[str, dict[str, Any]]]:
     return sorted((record.hold or {}).get("checkpoints", {}).items(), key=lambda i: int(i[0]))
 
 
+def _shrunk(entry: dict[str, Any]) -> bool:
+    return entry.get("kind") == "shrunk"
+
+
+def holds_missing_data(record: SessionRecord) -> bool:
+    """Whether a restore left data out (the session is then partial): a hold only because a
+    newer checkpoint shrank does not make a session that restored everything partial."""
+    hold = record.hold or {}
+    return "unreadable" in hold or any(not _shrunk(e) for _cid, e in _held(record))
+
+
+def _names(names: list[str], most: int = 4) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
 def what(record: SessionRecord) -> str:
-    """``not restored, and kept: checkpoint 3: model (why)``."""
+    """``not restored, and kept: checkpoint 3: model (why)``, or for a shrink ``kept:
+    checkpoint 7, whose model, optimizer checkpoint 8 lacks``."""
     parts = [
-        f"checkpoint {cid}: {format_reasons(e.get('failed') or {})}" for cid, e in _held(record)
+        f"checkpoint {cid}, whose {_names(list(e.get('failed') or {}))} checkpoint "
+        f"{e.get('newer')} lacks"
+        if _shrunk(e)
+        else f"checkpoint {cid}: {format_reasons(e.get('failed') or {})}"
+        for cid, e in _held(record)
     ]
-    return "not restored, and kept: " + ("; ".join(parts) or "see the retention hold")
+    lead = "not restored, and kept: " if holds_missing_data(record) else "kept: "
+    return lead + ("; ".join(parts) or "see the retention hold")
 
 
 def advice(record: SessionRecord) -> str:
@@ -59,12 +81,17 @@ def advice(record: SessionRecord) -> str:
         names = [n for n in failed if n.isidentifier()]
         # A session item (an import, the working directory) only comes back with a whole
         # restore; variables alone can be restored by name, leaving the others as they are.
-        if len(names) < len(failed):
-            names = []
+        if len(names) < len(failed) or _shrunk(entry):
+            names = []  # a shrink: the whole older checkpoint is the session to go back to
         steps.append("`" + " ".join(["%checkpoint restore", cid, *names]) + "`")
+    by_itself = (
+        " (a checkpoint that holds it again ends the hold by itself)"
+        if any(_shrunk(e) for _cid, e in _held(record))
+        else ""
+    )
     return (
         "No checkpoint of this notebook is deleted until you decide. Fix the cause, then "
         f"bring the data back in the notebook with {' and '.join(steps) or '%checkpoint restore'}"
-        f"; once it is back, or to carry on without it, run `jupyter pause accept "
+        f"; once it is back{by_itself}, or to carry on without it, run `jupyter pause accept "
         f"{record.path}` (or Accept in JupyterLab)."
     )

@@ -34,6 +34,13 @@ from .records import STATES, RecordWriter, SessionRecord, read_folder
 from .store_view import StoreView, inspect_store
 
 RUNNING_STATES = ("active", "ready", "partial")
+# What a finished resume (or a restore typed into the notebook) clears: the session runs again.
+_RUNNING_AGAIN: dict[str, Any] = {
+    "paused_during_cell": None,
+    "paused_process_token": None,
+    "paused_checkpoint_id": None,
+    "unrestored_kernel": False,
+}
 IN_FLIGHT_STATES = ("checkpointing", "pausing", "resuming", "waiting-for-resources", "restoring")
 
 log = logging.getLogger(__name__)
@@ -218,9 +225,12 @@ class Orchestrator:
         return self._locks.setdefault(path, asyncio.Lock())
 
     async def get(self, path: str) -> SessionRecord:
-        """The session of a notebook, its store's hold and problems read afresh."""
+        """The session of a notebook, its store's hold and problems read afresh.
+
+        A notebook whose session uses another notebook's kernel answers that one's record.
+        """
         await self.sync_sessions()
-        record = self.records.get(path)
+        record = self.records.get(path) or self._sharing_owner(path)
         if record is not None:
             await self._inspect(record)
             return record
@@ -238,6 +248,9 @@ class Orchestrator:
         self.records[path] = record
         return record
 
+    def _sharing_owner(self, path: str) -> SessionRecord | None:
+        return next((r for r in self.records.values() if path in r.sharing_notebooks), None)
+
     async def _inspect(self, record: SessionRecord) -> StoreView:
         """Read the notebook's store off the event loop; the record shows its hold and problems."""
         try:
@@ -247,7 +260,7 @@ class Orchestrator:
             )
             view = self._views[record.key][1]
         except (OSError, store_mod.StoreError) as err:
-            view = StoreView(None, None, [f"the checkpoint folder cannot be read ({err})"])
+            view = StoreView({}, None, [f"the checkpoint folder cannot be read ({err})"])
         record.hold, record.warnings = view.hold, list(view.problems)
         return view
 
@@ -260,32 +273,52 @@ class Orchestrator:
 
         Follows renames (a session keeps its kernel under a new path) and notices kernels
         that ended outside a pause (shut down, culled, notebook deleted): what they held is
-        given back to the pool.
+        given back to the pool. A notebook whose session uses the kernel of another one
+        (JupyterLab's "use the kernel of another session") shares that one's record.
         """
         sessions = await self.session_manager.list_sessions()
-        by_kernel = {r.kernel_id: r for r in self.records.values() if r.kernel_id}
+        paths_of: dict[str, list[str]] = {}
+        names: dict[str, str] = {}
         for model in sessions:
             path, kernel = model.get("path"), model.get("kernel") or {}
-            if not path or not kernel.get("id"):
-                continue
-            moved = by_kernel.get(kernel["id"])
-            if moved is not None and moved.path != path and path not in self._tasks:
-                self._rename(moved, path)
-            record = self.records.get(path)
+            if path and kernel.get("id"):
+                paths_of.setdefault(kernel["id"], []).append(path)
+                names[kernel["id"]] = kernel.get("name") or ""
+        by_kernel = {r.kernel_id: r for r in self.records.values() if r.kernel_id}
+        for kernel_id, paths in paths_of.items():
+            owner = by_kernel.get(kernel_id)
+            if owner is not None and owner.path not in paths and paths[0] not in self._tasks:
+                self._rename(owner, paths[0])
+            primary = owner.path if owner is not None and owner.path in paths else paths[0]
+            record = self.records.get(primary)
             if record is None:
-                record = SessionRecord(path, self.notebook_key(path))
-                self.records[path] = record
-            if record.kernel_id == kernel["id"]:
+                record = SessionRecord(primary, self.notebook_key(primary))
+                self.records[primary] = record
+            self._note_sharing(record, [p for p in paths if p != primary])
+            if record.kernel_id == kernel_id:
                 continue
-            if path in self._tasks and record.state in IN_FLIGHT_STATES:
+            if primary in self._tasks and record.state in IN_FLIGHT_STATES:
                 continue  # our own resume is starting this kernel
-            await self._attach(record, kernel["id"], kernel.get("name") or record.kernel_name)
+            await self._attach(record, kernel_id, names[kernel_id] or record.kernel_name)
         for record in list(self.records.values()):
             gone = (
                 record.kernel_id is not None and record.kernel_id not in self.bridge.kernel_manager
             )
             if gone and record.path not in self._tasks:
                 await self._kernel_ended(record)
+
+    def _note_sharing(self, record: SessionRecord, others: list[str]) -> None:
+        """Notebooks using ``record``'s kernel. A notebook with a record of its own (its own
+        checkpoints) keeps it; while the kernel is paused, those that shared it stay listed
+        (their sessions ended with it, and come back with it)."""
+        others = [p for p in others if p not in self.records]
+        if record.state in RUNNING_STATES:
+            sharing = others
+        else:
+            sharing = list(dict.fromkeys([*record.sharing_notebooks, *others]))
+        if sharing != record.sharing_notebooks:
+            record.sharing_notebooks = sharing
+            self._save(record)
 
     def _rename(self, record: SessionRecord, path: str) -> None:
         """The notebook was renamed while its kernel ran: the session (and its GPU) moves."""
@@ -308,7 +341,21 @@ class Orchestrator:
         record.busy_seconds_before = record.busy_seconds()
         record.activity = KernelActivity()
         record.kernel_id, record.gpus = None, []
-        latest = (await self._inspect(record)).latest
+        view = await self._inspect(record)
+        if record.unrestored_kernel:
+            # The kernel of a reopened paused notebook ended: it never held the session, so
+            # the pause (its checkpoint, its process token) stands as it was.
+            record.unrestored_kernel = False
+            self._set(
+                record,
+                record.state,
+                "The new kernel ended before the resume; still paused."
+                + self._intact_text(self._resume_target(record, view)),
+            )
+            return
+        # The session's own process is gone: nothing can come back live from here on.
+        record.paused_process_token, record.paused_checkpoint_id = None, None
+        latest = view.latest
         if latest is None:
             self._save(record)
             self.records.pop(record.path, None)
@@ -320,6 +367,12 @@ class Orchestrator:
             + self._intact_text(latest),
         )
 
+    def _resume_target(self, record: SessionRecord, view: StoreView) -> dict[str, Any] | None:
+        """The checkpoint a resume restores: the pause's own while it is intact (a kernel
+        without the session's state may have written newer ones since), else the newest."""
+        paused = view.checkpoints.get(record.paused_checkpoint_id or -1)
+        return paused or view.latest
+
     async def _attach(self, record: SessionRecord, kernel_id: str, kernel_name: str) -> None:
         old = record.kernel_id
         if old and old in self._watchers:
@@ -330,20 +383,19 @@ class Orchestrator:
         kernel_policy = self.policy.for_kernelspec(kernel_name)
         record.gpus_needed = kernel_policy.gpus
         ours = record.path in self._tasks  # our own resume attaches the kernel it started
-        latest = None if ours else (await self._inspect(record)).latest
+        view = None if ours else await self._inspect(record)
+        latest = view.latest if view is not None else None
         if ours:
             pass
-        elif record.state in ("paused", "failed") and latest:
-            # The notebook was opened again and JupyterLab started a fresh kernel: the session
-            # stays paused (that kernel has none of its state) until the user resumes into it.
-            self._set(
-                record,
-                record.state,
-                "A new kernel is running without the saved state: resume to restore "
-                f"checkpoint {latest['id']} into it.",
-            )
+        elif record.state in ("paused", "failed") and view is not None and latest:
+            # The notebook was opened again (or its kernel restarted) and JupyterLab started a
+            # fresh kernel: the session stays paused (that kernel has none of its state) until
+            # the user resumes into it. Its token says nothing about the paused process.
+            target = self._resume_target(record, view) or latest
+            record.checkpoint = target
+            self._set(record, record.state, self._resume_offer(target), unrestored_kernel=True)
         elif record.state not in RUNNING_STATES:
-            self._set(record, "active", "Running.")
+            self._set(record, "active", "Running.", unrestored_kernel=False)
         if not record.gpus and record.gpus_needed:
             record.gpus = self.backend.adopt(self._spec(record))
             if record.gpus:
@@ -351,6 +403,21 @@ class Orchestrator:
         self._watchers[kernel_id] = asyncio.create_task(self._watch(record, kernel_id))
         self._spawn(self._hello(record, kernel_id))
         self._save(record)
+
+    @staticmethod
+    def _resume_offer(checkpoint: dict[str, Any]) -> str:
+        """``Paused: a new kernel runs without the saved state. Resume restores model,
+        optimizer and 10 more (12 variables, 1.2 GB, checkpoint 7) into it.``"""
+        names = list(checkpoint.get("variables") or [])
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        what = f"{shown} (" if names else "("
+        return (
+            "Paused: a new kernel runs without the saved state. Resume restores "
+            f"{what}{format_count(len(names), 'variable')}, "
+            f"{format_bytes(checkpoint.get('bytes', 0))}, checkpoint {checkpoint['id']}) into "
+            "it; what you define in it meanwhile is kept unless the checkpoint holds the same "
+            "name."
+        )
 
     def _kernel_last_activity(self, kernel_id: str) -> float:
         """jupyter-server's own idea of the kernel's last activity, for a kernel seen late."""
@@ -386,6 +453,8 @@ class Orchestrator:
             elif kind == "request" and data.get("action") == "checkpointed":
                 await self._note_checkpoint(record, data)
                 self._save(record)
+            elif kind == "request" and data.get("action") == "restored":
+                await self._note_restore_in_notebook(record, kernel_id, data.get("result"))
 
         try:
             await self.bridge.watch(kernel_id, record.activity, on_event)
@@ -425,12 +494,17 @@ class Orchestrator:
         """Checkpoint a running session now; returns the kernel's CheckpointResult."""
         record = await self.get(path)
         self._refuse_if_waiting(record, "checkpoint")
-        async with self._lock(path):
+        async with self._lock(record.path):
             self._require_running(record, "checkpoint")
             await self._wait_idle(record, "checkpoint")
-            return await self._checkpoint(record, reason="manual", then=record.state)
+            result, _token = await self._checkpoint(record, reason="manual", then=record.state)
+            return result
 
-    async def _checkpoint(self, record: SessionRecord, reason: str, then: str) -> dict[str, Any]:
+    async def _checkpoint(
+        self, record: SessionRecord, reason: str, then: str
+    ) -> tuple[dict[str, Any], str | None]:
+        """The kernel's CheckpointResult, and the token of the process that wrote it (from
+        this very answer: a pause records it as the token its resume must show)."""
         assert record.kernel_id is not None
         message = record.message
         self._set(
@@ -469,13 +543,14 @@ class Orchestrator:
             metrics.checkpoint_failed()
             raise Conflict(f"Checkpoint failed: {answer['error']}")
         result = answer["result"]
-        record.process_token = answer.get("token")
+        token = answer.get("token")
+        record.process_token = token
         await self._note_checkpoint(record, result)
         # A manual checkpoint returns to the state (and message) it interrupted.
         self._set(
             record, then, message if then != "checkpointing" else record.message, progress=None
         )
-        return result
+        return result, token
 
     async def _note_checkpoint(self, record: SessionRecord, result: dict[str, Any]) -> None:
         """Put a checkpoint on the notebook's timeline, once: the kernel announces every one
@@ -497,7 +572,11 @@ class Orchestrator:
                 reason=result.get("reason", "manual"),
             )
             metrics.checkpoint_written(int(result.get("bytes_written", 0)))
-        record.checkpoint = (await self._inspect(record)).latest
+        view = await self._inspect(record)
+        # While paused, the record shows what a resume restores (a kernel without the
+        # session's state may write checkpoints meanwhile).
+        paused = record.state in ("paused", "failed")
+        record.checkpoint = self._resume_target(record, view) if paused else view.latest
 
     async def _poll_progress(self, record: SessionRecord) -> None:
         progress_file = self.store_for(record).path / "progress.json"
@@ -566,8 +645,14 @@ class Orchestrator:
             )
             return await self.environment.pause(path, reason, origin)
         record = await self.get(path)
+        path = record.path  # a notebook sharing another's kernel pauses that one
         self._refuse_if_waiting(record, "pause")
         async with self._lock(path):
+            if record.state == "paused" and record.unrestored_kernel:
+                raise Conflict(
+                    f"{path} is already paused; the kernel running for it does not hold its "
+                    "state: resume to restore it into that kernel"
+                )
             if record.state == "paused":
                 raise Conflict(f"{path} is already paused")
             self._require_running(record, "pause")
@@ -630,10 +715,13 @@ class Orchestrator:
             await self.pause(path, reason)
 
     async def _run_pause(self, record: SessionRecord, reason: str) -> None:
+        token = None  # of the process this pause stops: from this pause's own answers
         try:
             if record.paused_during_cell is None:
                 try:
-                    await self._checkpoint(record, reason="pause", then="checkpointing")
+                    _result, token = await self._checkpoint(
+                        record, reason="pause", then="checkpointing"
+                    )
                 except Conflict:
                     record.timeline.add(
                         "failed", what="checkpoint", recovery="session still running"
@@ -644,7 +732,7 @@ class Orchestrator:
                 self._set(record, "pausing", "Stopping the kernel and releasing its GPU.")
             snapshot = await self.backend.pauses_running_cells()
             if snapshot:
-                await self._before_process_snapshot(record)
+                token = await self._before_process_snapshot(record) or token
             try:
                 outcome = await self.backend.stop(self._spec(record))
             except Exception as err:  # a backend's bug too: never leave the session "pausing"
@@ -707,12 +795,17 @@ class Orchestrator:
                 kernel_id=None,
                 gpus=[],
                 progress=None,
+                # Without an answer from this pause (a busy kernel that did not say who it
+                # is), the token the server learnt from this very kernel before it stopped.
+                paused_process_token=token or record.process_token,
+                paused_checkpoint_id=(record.checkpoint or {}).get("id"),
+                unrestored_kernel=False,
             )
             metrics.pause_finished("paused")
         finally:
             self._tasks.pop(record.path, None)
 
-    async def _before_process_snapshot(self, record: SessionRecord) -> None:
+    async def _before_process_snapshot(self, record: SessionRecord) -> str | None:
         """The kernel lets go of its parent process (so it may come back under a restarted
         server) and says who it is (the token its restore must show), on its control channel:
         a running cell does not delay it. Without an answer, the checkpoint's token stands."""
@@ -721,8 +814,10 @@ class Orchestrator:
             answer = await self.bridge.control(record.kernel_id, "release_parent")
         except KernelCallError as err:
             log.info("jupyter_pause: %s before its snapshot: %s", record.path, err)
-            return
-        record.process_token = answer.get("token") or record.process_token
+            return None
+        token = answer.get("token")
+        record.process_token = token or record.process_token
+        return token
 
     async def _after_failed_snapshot(self, record: SessionRecord) -> None:
         """The kernel runs on: it follows its server again and reopens what it let go of
@@ -738,6 +833,7 @@ class Orchestrator:
     async def resume(self, path: str) -> SessionRecord:
         """Start a resume, or join the one in flight (two tabs, CLI + UI, retries)."""
         record = await self.get(path)
+        path = record.path  # a notebook sharing another's kernel resumes that one
         if self.environment is not None and self.environment.status()["state"] != "running":
             raise Conflict(
                 f"Cannot resume {path} here: the whole workspace is "
@@ -782,7 +878,9 @@ class Orchestrator:
         says (its environment was not proven to be the one that paused); ``note`` says why."""
         started = time.time()
         restoring = False  # once the kernel restores, a failure may have left it half-restored
-        paused_token = record.process_token  # the paused process's (a new kernel's replaces it)
+        # Recorded at the pause, never read from a kernel since: only the process that paused
+        # can show it, so a kernel started after the pause is never taken for a live one.
+        paused_token = record.paused_process_token
         try:
             record.gpus_needed = self.policy.for_kernelspec(record.kernel_name).gpus
             spec = self._spec(record)
@@ -811,24 +909,32 @@ class Orchestrator:
             await self._attach(record, outcome.kernel_id, record.kernel_name)
             self._set(record, "restoring", "Restoring the session state.")
             hello = await self._hello_after_restore(record, outcome.kernel_id, outcome.live)
-            checkpoint = (await self._inspect(record)).latest or {}
             token = hello.get("token")
-            if trust_live and token and token in (checkpoint.get("process_token"), paused_token):
-                # The very process that paused (or wrote the checkpoint) is alive again.
+            if trust_live and paused_token and token == paused_token:
+                # The very process that paused is alive again.
                 live = {k: v for k, v in outcome.details.items() if k != "why"}
                 if record.paused_during_cell is not None:
                     live["during_cell"] = record.paused_during_cell
                 record.timeline.add(
-                    "state_restored", how="live", **live, **({"why": note} if note else {})
+                    "state_restored",
+                    how="live",
+                    token_matched=True,
+                    **live,
+                    **({"why": note} if note else {}),
                 )
+                await self._reopen_sharing(record, outcome.kernel_id)
                 await self._finish_resume(record, "live", None, started, note)
                 return
+            if trust_live and outcome.live and not note:
+                note = "the kernel that came back is not the process that paused"
+            target = self._resume_target(record, await self._inspect(record))
             restoring = True
             answer = await self.bridge.call(
                 outcome.kernel_id,
                 "restore",
                 self.policy.kernel_call_timeout_seconds,
                 key=record.key,
+                checkpoint_id=(target or {}).get("id"),
             )
             if not answer.get("ok"):
                 raise KernelCallError(str(answer.get("error") or f"unexpected answer {answer}"))
@@ -844,6 +950,7 @@ class Orchestrator:
                 failed=restore_shortfall(result),
                 **({"why": note} if note else {}),
             )
+            await self._reopen_sharing(record, outcome.kernel_id)
             await self._finish_resume(record, "files", result, started, note)
         except Exception as err:  # a backend's bug too: never leave the session "resuming"
             if not isinstance(err, BackendError | KernelCallError):
@@ -871,6 +978,54 @@ class Orchestrator:
             metrics.resume_finished("failed", None)
         finally:
             self._tasks.pop(record.path, None)
+
+    async def _note_restore_in_notebook(
+        self, record: SessionRecord, kernel_id: str, result: Any
+    ) -> None:
+        """A restore typed into the notebook (``%checkpoint restore``). In a paused notebook's
+        new kernel it is the resume, from files, as if Resume had been pressed; a restore of
+        some variables by name leaves the rest missing (partial, held). In a running session
+        it only goes on the timeline."""
+        if not isinstance(result, dict) or not isinstance(result.get("checkpoint_id"), int):
+            return
+        async with self._lock(record.path):
+            if record.kernel_id != kernel_id or record.path in self._tasks:
+                return
+            restored = [n for n in result.get("restored") or [] if isinstance(n, str)]
+            result = {**result, "failed": dict(result.get("failed") or {})}
+            if record.state not in ("paused", "failed"):
+                record.timeline.add(
+                    "checkpoint_restored",
+                    by="notebook",
+                    checkpoint_id=result["checkpoint_id"],
+                    restored=restored,
+                    failed=restore_shortfall(result),
+                )
+                self._save(record)
+                return
+            asked = f"`%checkpoint restore {result['checkpoint_id']} {' '.join(restored)}`"
+            for name in result.get("not_asked") or []:
+                result["failed"][name] = (
+                    f"not asked for: {asked} restored only {', '.join(restored)}"
+                )
+            result.pop("notebook", None)
+            started = time.time()
+            record.timeline.add("resume_requested", by="notebook")
+            record.timeline.add(
+                "state_restored",
+                how="files",
+                by="notebook",
+                checkpoint_id=result["checkpoint_id"],
+                restored=restored,
+                failed=restore_shortfall(result),
+            )
+            await self._finish_resume(
+                record,
+                "files",
+                result,
+                started,
+                "restored by `%checkpoint restore` in the notebook",
+            )
 
     async def _hello_after_restore(
         self, record: SessionRecord, kernel_id: str, live: bool
@@ -912,11 +1067,16 @@ class Orchestrator:
                     f"{len(missing)} not "
                     f"restored: {format_reasons(missing)})."
                 )
-            elif str(result["checkpoint_id"]) in held:  # all came back: that hold ends
+            elif (
+                str(result["checkpoint_id"]) in held
+                and held[str(result["checkpoint_id"])].get("kind") != "shrunk"
+            ):  # all came back: that hold ends (a shrink's ends with a checkpoint)
                 await holds.release(self.store_for(record), record, result["checkpoint_id"])
         if note:  # why it is (or is not) live, when the environment came back
             message += f" {note[:1].upper()}{note[1:]}."
-        if record.hold:
+        if record.hold and not holds.holds_missing_data(record):
+            message += f" Retention {holds.what(record)}, until a checkpoint holds them again."
+        if holds.holds_missing_data(record):
             if not missing:
                 message += f" Still {holds.what(record)}."
             error = {"what": holds.what(record), "recovery": holds.advice(record)}
@@ -928,7 +1088,7 @@ class Orchestrator:
                 restore=result,
                 progress=None,
                 error=error,
-                paused_during_cell=None,
+                **_RUNNING_AGAIN,
             )
             metrics.resume_finished("partial", ready.at - started)
             return
@@ -940,14 +1100,38 @@ class Orchestrator:
             restore=result,
             progress=None,
             error=None,
-            paused_during_cell=None,
+            **_RUNNING_AGAIN,
         )
         metrics.resume_finished(how, ready.at - started)
 
+    async def _reopen_sharing(self, record: SessionRecord, kernel_id: str) -> None:
+        """The notebooks that shared the paused kernel get the resumed one (their sessions
+        ended with the old kernel); a notebook that meanwhile has a kernel of its own keeps
+        it, and shares no more."""
+        for path in list(record.sharing_notebooks):
+            try:
+                existing = await self.session_manager.get_session(path=path)
+            except Exception:  # jupyter-server raises web.HTTPError(404) when there is none
+                existing = None
+            if existing is not None and (existing.get("kernel") or {}).get("id") != kernel_id:
+                record.sharing_notebooks.remove(path)
+                continue
+            if existing is None:
+                with contextlib.suppress(Exception):
+                    await self.session_manager.create_session(
+                        path=path,
+                        name=os.path.basename(path),
+                        type="notebook",
+                        kernel_name=record.kernel_name,
+                        kernel_id=kernel_id,
+                    )
+
     # -- retention hold after an incomplete restore (see holds.py) ------------------------------
     async def accept(self, path: str) -> SessionRecord:
-        """The user decides to carry on after an incomplete restore: retention applies again."""
+        """The user decides to carry on after an incomplete restore (or a checkpoint that
+        lacks most of the one before it): retention applies again."""
         record = await self.get(path)
+        path = record.path
         async with self._lock(path):
             if not record.hold:
                 raise Conflict(f"{path} has no incomplete restore to accept: nothing is held")

@@ -55,6 +55,9 @@ _PERSISTED = (
     "error",
     "checkpoint",
     "process_token",
+    "paused_process_token",
+    "paused_checkpoint_id",
+    "sharing_notebooks",
     "started",
     "busy_seconds_before",
     "paused_during_cell",
@@ -85,6 +88,18 @@ class SessionRecord:
     warnings: list[str] = field(default_factory=list)  # damaged files of this notebook, named
     queue_position: int | None = None
     process_token: str | None = None
+    # Recorded when a pause completes, from that pause's own answers (its checkpoint, or the
+    # kernel saying who it is before its process snapshot), and never read from the kernel
+    # afterwards: a resume is "live" only when the kernel it gets shows this very token.
+    paused_process_token: str | None = None
+    # The checkpoint the pause wrote (or fell back on): what a resume restores, even when a
+    # kernel without the session's state has written newer ones since (a reopened notebook).
+    paused_checkpoint_id: int | None = None
+    # A kernel runs for this paused notebook that does not hold its state (the notebook was
+    # opened again, or its kernel restarted): a resume restores the checkpoint into it.
+    unrestored_kernel: bool = False
+    # Other notebooks whose sessions use this session's kernel: they pause and resume with it.
+    sharing_notebooks: list[str] = field(default_factory=list)
     # The execution count of the cell a pause stopped in its course (it runs on after a live
     # resume); None when the kernel was idle.
     paused_during_cell: int | None = None

@@ -21,9 +21,30 @@ from .policy import Policy
 class StoreView:
     """What the server reads of one notebook's store (on a worker thread)."""
 
-    latest: dict[str, Any] | None  # the newest intact checkpoint: id, created, bytes, token
+    # Every intact checkpoint, by id: id, created, bytes, token, variables (checkpoint_summary)
+    checkpoints: dict[int, dict[str, Any]]
     hold: dict[str, Any] | None  # the retention hold (store.retention_hold), if any
     problems: list[str]  # damaged or unreadable files, named
+
+    @property
+    def latest(self) -> dict[str, Any] | None:
+        """The newest intact checkpoint's summary, or None."""
+        return self.checkpoints[max(self.checkpoints)] if self.checkpoints else None
+
+
+def checkpoint_summary(checkpoint_id: int, manifest: dict[str, Any]) -> dict[str, Any]:
+    """What the API shows of a checkpoint (``Session.checkpoint``), from its manifest."""
+    summary = {
+        "id": checkpoint_id,
+        "created": manifest["created"],
+        "bytes": store_mod.manifest_bytes(manifest),
+        "process_token": manifest["process_token"],
+        "variables": store_mod.manifest_variables(manifest),
+    }
+    shrunk = store_mod.manifest_shrink(manifest)
+    if shrunk is not None:
+        summary["shrunk_from"] = shrunk
+    return summary
 
 
 def inspect_store(
@@ -38,17 +59,8 @@ def inspect_store(
     if known is not None and known[0] == stamp:
         return known
     intact, bad = store.scan()
-    latest = None
-    if intact:
-        newest = max(intact)
-        manifest = intact[newest]
-        latest = {
-            "id": newest,
-            "created": manifest["created"],
-            "bytes": store_mod.manifest_bytes(manifest),
-            "process_token": manifest["process_token"],
-        }
-    return stamp, StoreView(latest, store.retention_hold(), store.problems(bad))
+    summaries = {i: checkpoint_summary(i, manifest) for i, manifest in intact.items()}
+    return stamp, StoreView(summaries, store.retention_hold(), store.problems(bad))
 
 
 def list_checkpoints(store: store_mod.NotebookStore) -> dict[str, Any]:

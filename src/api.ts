@@ -158,6 +158,11 @@ export interface IRestoreResult {
    * Bytes read from storage.
    */
   bytes_read: number;
+  /**
+   * Variables the kernel had defined itself (it did not write the checkpoint)
+   * that the restore replaced.
+   */
+  replaced?: string[];
 }
 
 /**
@@ -190,6 +195,14 @@ export interface ICheckpointInfo {
    * Size in bytes.
    */
   bytes: number;
+  /**
+   * The variables it holds.
+   */
+  variables?: string[];
+  /**
+   * Set when it lacks most variables of the checkpoint before it.
+   */
+  shrunk_from?: { id: number; missing: string[] };
   [key: string]: unknown;
 }
 
@@ -199,11 +212,17 @@ export interface ICheckpointInfo {
  */
 export interface IRetentionHold {
   /**
-   * Checkpoint id -> the names not restored from it, with the reason.
+   * Checkpoint id -> the names not restored from it (or, `kind: 'shrunk'`,
+   * the names it holds that the newer checkpoint `newer` lacks), with why.
    */
   checkpoints: Record<
     string,
-    { failed: Record<string, string>; since: number }
+    {
+      failed: Record<string, string>;
+      since: number;
+      kind?: 'restore' | 'shrunk';
+      newer?: number;
+    }
   >;
   /**
    * Set when the hold record itself could not be read.
@@ -245,6 +264,16 @@ export interface ISession {
    * resume); `null` when the kernel was idle.
    */
   paused_during_cell: number | null;
+  /**
+   * True while a kernel runs for this paused notebook without its saved state
+   * (the notebook was opened again, or its kernel restarted): a resume
+   * restores the checkpoint into that kernel.
+   */
+  unrestored_kernel: boolean;
+  /**
+   * Other notebooks whose sessions use this session's kernel.
+   */
+  sharing_notebooks: string[];
   busy: boolean;
   busy_since: number | null;
   execution_count: number | null;

@@ -358,6 +358,7 @@ export class NotebookPauseModel implements IDisposable {
     if (session?.state === 'paused') {
       // A live resume brings the same kernel id back: reconnect to it again then.
       this._reconnectedTo = null;
+      this._forgetStoppedKernel(session);
     }
     this.applyInterval();
     if (JSON.stringify(session) !== before) {
@@ -405,6 +406,27 @@ export class NotebookPauseModel implements IDisposable {
     }
   }
 
+  /**
+   * The pause stopped the panel's kernel and its jupyter session ended: make
+   * JupyterLab notice now (its own poll takes up to 10 s), so that the panel
+   * shows no kernel and Restart Kernel starts a new one instead of asking the
+   * stopped one (which answers 404).
+   */
+  private _forgetStoppedKernel(session: ISession): void {
+    const kernel = this.panel.sessionContext.session?.kernel;
+    if (
+      session.kernel_id !== null ||
+      !kernel ||
+      this._forgotten === kernel.id
+    ) {
+      return;
+    }
+    this._forgotten = kernel.id;
+    this.manager.sessions.refreshRunning().catch(() => {
+      // JupyterLab's own poll does it later.
+    });
+  }
+
   private _onContentChanged(): void {
     if (
       !this.manager.settings.reportEditsAsActivity ||
@@ -429,5 +451,6 @@ export class NotebookPauseModel implements IDisposable {
   private _isDisposed = false;
   private _reconnecting = false;
   private _reconnectedTo: string | null = null;
+  private _forgotten: string | null = null;
   private _lastActivity = 0;
 }

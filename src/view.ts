@@ -226,13 +226,100 @@ export function sessionView(
   server: ServerAvailability = 'ok',
   trans: TranslationBundle = nullTranslator.load('jupyter_pause')
 ): IPauseView {
-  const view = baseView(session, server, trans);
+  const view =
+    session && (session.state === 'active' || session.state === 'ready')
+      ? withShrinkHold(baseView(session, server, trans), session, trans)
+      : baseView(session, server, trans);
   const warnings = session?.warnings ?? [];
   if (server !== 'ok' || warnings.length === 0) {
     return view;
   }
   const named = warnings.map(w => trans.__('Warning: %1', w));
   return { ...view, tooltip: [view.tooltip, ...named].join('\n') };
+}
+
+/**
+ * A checkpoint kept because a newer one lacks most of its variables (a kernel
+ * without the session's state wrote it, or the notebook deleted them).
+ *
+ * @param session The session.
+ * @returns The kept checkpoint, the newer one and the missing names, or `null`.
+ */
+export function shrinkHold(
+  session: ISession
+): { kept: string; newer: number | undefined; missing: string[] } | null {
+  for (const [kept, entry] of Object.entries(session.hold?.checkpoints ?? {})) {
+    if (entry.kind === 'shrunk') {
+      return { kept, newer: entry.newer, missing: Object.keys(entry.failed) };
+    }
+  }
+  return null;
+}
+
+/**
+ * Names for a chip, e.g. `model, optimizer …`.
+ */
+function someNames(names: string[], shown = 2): string {
+  return names.slice(0, shown).join(', ') + (names.length > shown ? ' …' : '');
+}
+
+/**
+ * A running session whose newest checkpoint shrank: say which one is kept,
+ * and offer to accept.
+ */
+function withShrinkHold(
+  view: IPauseView,
+  session: ISession,
+  trans: TranslationBundle
+): IPauseView {
+  const shrink = shrinkHold(session);
+  if (!shrink || view.action) {
+    return view;
+  }
+  return {
+    ...view,
+    label: trans.__('%1 · checkpoint %2 kept', view.label, shrink.kept),
+    tone: 'warning',
+    action: { kind: 'accept', label: trans.__('Accept') },
+    tooltip: [
+      view.tooltip,
+      trans.__(
+        'Checkpoint %1 lacks %2, which checkpoint %3 holds: checkpoint %3 and every older one are kept until a checkpoint holds them again, or until you accept. If this kernel was started without the saved state, `%checkpoint restore %3` brings it back.',
+        shrink.newer ?? '?',
+        someNames(shrink.missing, 4),
+        shrink.kept
+      )
+    ].join('\n')
+  };
+}
+
+/**
+ * A paused notebook opened again: a kernel runs without the saved state.
+ */
+function unrestoredView(
+  session: ISession,
+  trans: TranslationBundle
+): Pick<IPauseView, 'label' | 'tone' | 'action' | 'tooltip'> {
+  const checkpoint = session.checkpoint;
+  const names = checkpoint?.variables ?? [];
+  return {
+    label: checkpoint
+      ? trans.__(
+          'Paused — press Resume to restore %1 (%2, %3) into this kernel',
+          someNames(names),
+          trans._n('%1 variable', '%1 variables', names.length),
+          formatBytes(checkpoint.bytes || 0)
+        )
+      : trans.__(
+          'Paused — press Resume to restore the saved state into this kernel'
+        ),
+    tone: 'warning',
+    action: { kind: 'resume', label: trans.__('Resume') },
+    tooltip: trans.__(
+      'A new kernel runs for this notebook, without the state saved when it was paused. Resume restores checkpoint %1 into it, from files. What you define in it meanwhile is kept, except names the checkpoint also holds: the restore replaces those, and names them.',
+      checkpoint?.id ?? '?'
+    )
+  };
 }
 
 function baseView(
@@ -345,6 +432,9 @@ function baseView(
       };
     case 'paused': {
       const since = formatClock(session.since);
+      if (session.unrestored_kernel) {
+        return { ...base, canResume: true, ...unrestoredView(session, trans) };
+      }
       if (typeof session.paused_during_cell === 'number') {
         return {
           ...base,
@@ -497,6 +587,14 @@ function readyView(
     ];
     if (skipped) {
       lines.push(trans.__('Not restored:\n%1', skipped.details));
+    }
+    if (restore.replaced?.length) {
+      lines.push(
+        trans.__(
+          'Replaced what this kernel had defined itself: %1',
+          restore.replaced.join(', ')
+        )
+      );
     }
     lines.push(...(restore.warnings || []));
     return {

@@ -398,26 +398,6 @@ async def test_a_kernel_shut_down_outside_a_pause_gives_its_gpu_back(server: Ser
     assert await server.run(ready["kernel_id"], "print(v)") == "2\n"
 
 
-async def test_reopening_a_paused_notebook_keeps_it_paused_until_resumed(server: Server) -> None:
-    # Given a paused notebook
-    kernel_id = await server.open_notebook("reopen.ipynb")
-    await server.run(kernel_id, "kept = 'yes'")
-    await pause_and_wait(server, "reopen.ipynb")
-
-    # When it is opened again and JupyterLab starts a fresh kernel for it
-    fresh = await server.open_notebook("reopen.ipynb")
-    _, record = await server.call("GET", "sessions", "reopen.ipynb")
-
-    # Then the session still says paused, and resuming restores into that kernel
-    assert record["state"] == "paused" and record["kernel_id"] == fresh
-    assert "resume to restore checkpoint 1 into it" in record["message"]
-    await server.call("POST", "resume", "reopen.ipynb")
-    ready = await server.wait_state("reopen.ipynb", "ready", "failed")
-    assert ready["state"] == "ready" and ready["how"] == "files" and ready["kernel_id"] == fresh
-    assert await server.run(fresh, "print(kept)") == "yes\n"
-    assert len(server.app.kernel_manager.list_kernel_ids()) == 1
-
-
 async def test_checkpoints_taken_in_the_notebook_are_on_its_timeline(server: Server) -> None:
     # Given a notebook the server watches and has introduced itself to
     kernel_id = await server.open_notebook("cells.ipynb")

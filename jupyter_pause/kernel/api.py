@@ -117,6 +117,11 @@ class RestoreResult:
     same_process: bool
     session: dict[str, Any] = field(default_factory=dict)  # SessionReport.to_json()
     detached: dict[str, str] = field(default_factory=dict)  # name -> autograd function
+    # Variables this kernel had defined itself (it did not write the checkpoint) that the
+    # restore replaced: a cell run in a reopened notebook before its resume, for example.
+    replaced: list[str] = field(default_factory=list)
+    # A restore by name: the checkpoint's other variables, which were not asked for.
+    not_asked: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,6 +149,8 @@ class RestoreResult:
             line += "; autograd graph not restored: " + _detached_reasons(self.detached)
         if self.not_saved:
             line += "; not in the checkpoint: " + format_reasons(self.not_saved, "; ")
+        if self.replaced:
+            line += "; replaced what this kernel had defined: " + ", ".join(self.replaced)
         for warning in self.warnings:
             line += f"\nWarning: {warning}"
         return line
@@ -287,6 +294,8 @@ class Checkpointer(Configurable):
         # Buffers of that checkpoint: identity -> (content hash, version counters of its tensors)
         self._base_storages: dict[tuple[str, int, int], tuple[str, dict[str, int | None]]] = {}
         self.on_checkpoint: list[Callable[[CheckpointResult], None]] = []
+        # Called after each restore the notebook asks for (not the server's own: it knows).
+        self.on_restore: list[Callable[[RestoreResult], None]] = []
 
     @functools.cached_property
     def _snapshotter(self) -> Snapshotter:
@@ -383,6 +392,7 @@ class Checkpointer(Configurable):
             else {}
         )
         background = _BufferWriter(writer, progress, trusted)
+        shrunk: dict[str, Any] | None = None  # set once the manifest is about to be written
         # The writer thread needs the GIL back after every write; the default 5 ms switch
         # interval would idle the disk that long per buffer while the main thread pickles.
         switch_interval = sys.getswitchinterval()
@@ -439,6 +449,8 @@ class Checkpointer(Configurable):
                 writer.add(digest, memoryview(data))
             if progress:
                 progress("syncing", writer.stats.bytes_written, writer.stats.bytes_written)
+            names = sorted([n for f in capture.frames for n in f.names] + list(capture.aliases))
+            shrunk = self._hold_if_shrunk(latest_id, latest, checkpoint_id, names)
             manifest = {
                 "format": store_mod.MANIFEST_FORMAT,
                 "id": checkpoint_id,
@@ -459,12 +471,17 @@ class Checkpointer(Configurable):
                 "skipped": skipped,
                 "detached": {n: f for n, f in capture.detached.items() if n not in skipped},
             }
+            if shrunk is not None:
+                manifest["shrunk_from"] = shrunk
             writer.commit(manifest)
         except BaseException:
             writer.abort()
             intent.unlink(missing_ok=True)
+            if shrunk is not None and self._holds_shrink(shrunk["id"], checkpoint_id):
+                store.release_retention(shrunk["id"])
             raise
         intent.unlink(missing_ok=True)
+        self._release_recovered_holds(names)
         retired = store._retention_locked(self.keep_last, self.max_age_hours * 3600, self.max_bytes)
         store._collect_locked()
         self._remember_base(checkpoint_id, values)
@@ -473,13 +490,15 @@ class Checkpointer(Configurable):
             for storage in capture.describer.storages.values()
             if "buffer" in storages.get(storage.key, {})
         }
-        saved = sorted([n for f in capture.frames for n in f.names] + list(capture.aliases))
         total = sum(loc.nbytes for loc in writer.used.values())
+        warnings = list(capture.warnings)
+        if shrunk is not None:
+            warnings.append(self._shrink_warning(checkpoint_id, shrunk, latest))
         return CheckpointResult(
             checkpoint_id=checkpoint_id,
             notebook=self.key,
             created=manifest["created"],
-            saved=saved,
+            saved=names,
             skipped=skipped,
             bytes_written=writer.stats.bytes_written,
             bytes_reused=writer.stats.bytes_reused,
@@ -489,9 +508,64 @@ class Checkpointer(Configurable):
             torn=[t.checkpoint_id for t in torn],
             retired=retired,
             session=session_report.to_json(),
-            warnings=capture.warnings,
+            warnings=warnings,
             detached=manifest["detached"],
         )
+
+    def _hold_if_shrunk(
+        self,
+        previous_id: int | None,
+        previous: dict[str, Any] | None,
+        checkpoint_id: int,
+        names: list[str],
+    ) -> dict[str, Any] | None:
+        """When the new checkpoint lacks most variables of the one before, keep that one (and
+        every other) until the user accepts; the mark for the new manifest, or None.
+
+        Held before the new checkpoint commits: a kernel that dies in between leaves the older
+        one held (nothing lost), never a shrunk newest checkpoint with nothing held.
+        """
+        if previous_id is None or previous is None:
+            return None
+        missing = store_mod.shrinks(store_mod.manifest_variables(previous), names)
+        if not missing:
+            return None
+        hold = self.store.retention_hold() or {"checkpoints": {}}
+        if str(previous_id) not in hold["checkpoints"]:  # a hold it has already keeps it
+            why = f"not in checkpoint {checkpoint_id}, which lacks most variables of this one"
+            self.store.hold_retention(previous_id, dict.fromkeys(missing, why), newer=checkpoint_id)
+        return {"id": previous_id, "missing": missing}
+
+    def _shrink_warning(
+        self, checkpoint_id: int, shrunk: dict[str, Any], previous: dict[str, Any] | None
+    ) -> str:
+        had = len(store_mod.manifest_variables(previous)) if previous else len(shrunk["missing"])
+        missing = shrunk["missing"]
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
+        return (
+            f"checkpoint {checkpoint_id} lacks {len(missing)} of the {had} variables of "
+            f"checkpoint {shrunk['id']} ({shown}). If this kernel was started without the "
+            f"notebook's state, `%checkpoint restore {shrunk['id']}` brings it back; checkpoint "
+            f"{shrunk['id']} and every older one are kept until you accept (Accept in "
+            f"JupyterLab, or `jupyter pause accept {os.path.basename(self.key)}`)."
+        )
+
+    def _holds_shrink(self, held_id: int, newer: int) -> bool:
+        """Whether ``held_id`` is held because ``newer`` shrank (and for nothing else)."""
+        entry = (self.store.retention_hold() or {}).get("checkpoints", {}).get(str(held_id))
+        return bool(entry) and entry.get("kind") == "shrunk" and entry.get("newer") == newer
+
+    def _release_recovered_holds(self, names: list[str]) -> None:
+        """A checkpoint that holds again every variable a shrink left out ends that hold."""
+        hold = self.store.retention_hold()
+        if not hold or "unreadable" in hold:
+            return
+        present = set(names)
+        for held_id, entry in list(hold["checkpoints"].items()):
+            if entry.get("kind") == "shrunk" and set(entry.get("failed") or {}) <= present:
+                self.store.release_retention(int(held_id))
 
     def _storage_versions(self, capture: Any) -> dict[str, dict[str, int | None]]:
         """Storage key -> version counter of every tensor viewing it (None: not tracked).
@@ -605,9 +679,24 @@ class Checkpointer(Configurable):
 
     # -- restore ---------------------------------------------------------------------------------
     def restore(
-        self, checkpoint_id: int | None = None, names: list[str] | None = None
+        self,
+        checkpoint_id: int | None = None,
+        names: list[str] | None = None,
+        *,
+        announce: bool = True,
     ) -> RestoreResult:
-        """Load a checkpoint (the latest by default) into the namespace, all or some variables."""
+        """Load a checkpoint (the latest by default) into the namespace, all or some variables.
+
+        ``announce``: tell ``on_restore`` (the server follows restores the notebook makes; its
+        own requests pass False).
+        """
+        result = self._restore(checkpoint_id, names)
+        if announce:
+            for callback in self.on_restore:
+                callback(result)
+        return result
+
+    def _restore(self, checkpoint_id: int | None, names: list[str] | None) -> RestoreResult:
         started = time.perf_counter()
         # Unpickling many small containers (100k dicts) would run the cyclic collector hundreds
         # of times, each pass walking the notebook's whole heap: 0.28 s -> 0.05 s without it.
@@ -726,6 +815,12 @@ class Checkpointer(Configurable):
                 failed[name] = str(err)
             except store_mod.StoreError as err:
                 failed[name] = str(err)
+        same_process = manifest["process_token"] == process_token()
+        replaced = (
+            []
+            if same_process
+            else sorted(n for n in values if n in self.namespace and n not in self.hidden)
+        )
         self.namespace.update(values)
         restored = sorted(values)
         if names is None:
@@ -751,9 +846,11 @@ class Checkpointer(Configurable):
             seconds=time.perf_counter() - started,
             bytes_read=bytes_read,
             saved_by_token=manifest["process_token"],
-            same_process=manifest["process_token"] == process_token(),
+            same_process=same_process,
             session=session.to_json(),
             detached={n: f for n, f in manifest.get("detached", {}).items() if n in values},
+            replaced=replaced,
+            not_asked=sorted(set(available) - set(names)) if names else [],
         )
 
     def _apply_session(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any
 
 from . import api, control
@@ -38,6 +39,7 @@ def load(shell: Any) -> api.Checkpointer:
         shell.events.register(event, callback)
     shell.register_magics(CheckpointMagics(shell, checkpointer))
     checkpointer.on_checkpoint.append(_announce_to_server)
+    checkpointer.on_restore.append(_announce_restore_to_server)
     shell.configurables.append(checkpointer)  # so `%config Checkpointer.keep_last = 10` works
     # Control requests are answered even while a cell runs (the criu backend pauses those).
     control.install(getattr(shell, "kernel", None))
@@ -87,3 +89,13 @@ def _announce_to_server(result: api.CheckpointResult) -> None:
         skipped=result.skipped,
         reason=result.reason,
     )
+
+
+def _announce_restore_to_server(result: api.RestoreResult) -> None:
+    """A restore the notebook makes (``%checkpoint restore`` typed into a reopened notebook
+    instead of pressing Resume) brings a paused session back: the server must know."""
+    # Loaded by the server's first request to this kernel: where it is not, no server
+    # follows this kernel, and a restore must not load the saving side just to say so.
+    server_calls = sys.modules.get(f"{__package__}.server_calls")
+    if server_calls is not None:
+        server_calls.request_from_server("restored", result=result.to_json())

@@ -69,7 +69,9 @@ def call(op: str, args_json: str) -> str:
             result = checkpointer.checkpoint(reason=args.get("reason", "pause"), progress=progress)
             answer["result"] = result.to_json()
         elif op == "restore":
-            result = checkpointer.restore(args.get("checkpoint_id"), args.get("names"))
+            result = checkpointer.restore(
+                args.get("checkpoint_id"), args.get("names"), announce=False
+            )
             answer["result"] = result.to_json()
         else:
             return json.dumps({"ok": False, "error": f"unknown request {op!r}"})

@@ -52,6 +52,10 @@ MANIFEST_FORMAT = 1
 # A pack whose live bytes fall below this share is compacted: its live buffers are copied to
 # a new pack and the old one deleted, so dead data does not linger behind a little live data.
 COMPACT_BELOW = 0.5
+# A checkpoint that lacks more than this share of the variables of the one before it is marked
+# as shrunk, and the one before is kept (retention held) until the user accepts: a kernel
+# without the session's state must never push the last complete checkpoint out.
+SHRINK = 0.5
 _MANIFEST_RE = re.compile(r"^(\d{6,})\.json$")
 _IMAGE_RE = re.compile(r"^(\d{6,})$")
 _TMP_RE = re.compile(r"^(\d{6,})-(\d+)\.")
@@ -626,13 +630,19 @@ class NotebookStore:
             return {"checkpoints": {}, "unreadable": "not a hold record"}
         return hold
 
-    def hold_retention(self, checkpoint_id: int, failed: dict[str, Any]) -> dict[str, Any]:
+    def hold_retention(
+        self, checkpoint_id: int, failed: dict[str, Any], newer: int | None = None
+    ) -> dict[str, Any]:
         """Keep every checkpoint (no retention) until ``release_retention``: checkpoint
-        ``checkpoint_id`` holds what a restore could not bring back (``failed``)."""
+        ``checkpoint_id`` holds what a restore could not bring back (``failed``), or, with
+        ``newer``, the variables that checkpoint ``newer`` lacks (it shrank: see SHRINK)."""
         self.prepare()
         hold = self.retention_hold() or {"checkpoints": {}}
         hold.pop("unreadable", None)
-        hold["checkpoints"][str(checkpoint_id)] = {"failed": failed, "since": time.time()}
+        entry: dict[str, Any] = {"failed": failed, "since": time.time()}
+        if newer is not None:
+            entry.update(kind="shrunk", newer=newer)
+        hold["checkpoints"][str(checkpoint_id)] = entry
         write_file_atomically(self.hold_path, json.dumps(hold).encode())
         return hold
 
@@ -1041,6 +1051,28 @@ def manifest_variables(manifest: dict[str, Any]) -> list[str]:
     """The variable names a checkpoint holds, aliases included."""
     names = [name for frame in manifest["frames"] for name in frame["names"]]
     return sorted(names + list(manifest.get("aliases", {})))
+
+
+def shrinks(before: list[str], after: list[str]) -> list[str]:
+    """The variables of ``before`` that ``after`` lacks, when it lacks most of them (SHRINK),
+    else an empty list: a checkpoint like that was written by a kernel without the
+    session's state (a reopened notebook), or after the notebook deleted most of it."""
+    missing = sorted(set(before) - set(after))
+    return missing if len(missing) > SHRINK * len(before) else []
+
+
+def manifest_shrink(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """``{"id": older, "missing": [...]}`` when the checkpoint shrank from ``older``, else None
+    (a malformed mark counts as none: it only informs, it never decides what loads)."""
+    mark = manifest.get("shrunk_from")
+    if (
+        isinstance(mark, dict)
+        and isinstance(mark.get("id"), int)
+        and isinstance(mark.get("missing"), list)
+        and all(isinstance(name, str) for name in mark["missing"])
+    ):
+        return {"id": mark["id"], "missing": mark["missing"]}
+    return None
 
 
 def known_buffers(

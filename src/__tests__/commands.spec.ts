@@ -693,6 +693,8 @@ describe('NotebookPauseModel', () => {
     const model = h.manager.modelFor(h.tracker.currentWidget!);
     await advance(0);
     expect(model.view.state).toBe('paused');
+    // (the panel was told at once that its stopped kernel's session ended)
+    expect(h.sessions.refreshRunning).toHaveBeenCalledTimes(1);
 
     model.setSession(session({ state: 'resuming', kernel_id: null }));
     state.session = session({ state: 'ready', kernel_id: 'k2', how: 'live' });
@@ -700,7 +702,7 @@ describe('NotebookPauseModel', () => {
     await advance(1100);
     expect(sessionGets(calls)).toBe(2);
     expect(model.view.label).toBe('Ready: live session restored');
-    expect(h.sessions.refreshRunning).toHaveBeenCalledTimes(1);
+    expect(h.sessions.refreshRunning).toHaveBeenCalledTimes(2);
     expect(panel.sessionContext.changeKernel).toHaveBeenCalledTimes(1);
     expect(panel.sessionContext.changeKernel).toHaveBeenCalledWith({
       id: 'k2'
@@ -709,6 +711,32 @@ describe('NotebookPauseModel', () => {
     await advance(5100);
     expect(sessionGets(calls)).toBe(3);
     expect(panel.sessionContext.changeKernel).toHaveBeenCalledTimes(1);
+  });
+
+  it('lets go of the kernel a pause stopped, once, so Restart Kernel starts a new one', async () => {
+    fakeTimers();
+    const state = { session: session({ state: 'active', kernel_id: 'k1' }) };
+    const { settings, calls } = fakeServer(state);
+    const h = harness(settings, calls);
+    const model = h.manager.modelFor(h.tracker.currentWidget!);
+    await advance(0);
+    expect(h.sessions.refreshRunning).not.toHaveBeenCalled();
+
+    state.session = session({ state: 'paused', kernel_id: null });
+    await advance(5100);
+    await advance(5100);
+    expect(sessionGets(calls)).toBe(3);
+    expect(model.view.state).toBe('paused');
+    expect(h.sessions.refreshRunning).toHaveBeenCalledTimes(1);
+    // A paused notebook opened again has a kernel of its own: nothing to let go of.
+    state.session = session({
+      state: 'paused',
+      kernel_id: 'k3',
+      unrestored_kernel: true
+    });
+    await advance(5100);
+    expect(sessionGets(calls)).toBe(4);
+    expect(h.sessions.refreshRunning).toHaveBeenCalledTimes(1);
   });
 
   it('does not reconnect when the panel already uses the kernel', async () => {

@@ -72,6 +72,8 @@ export function session(fields: Partial<ISession> = {}): ISession {
     warnings: [],
     queue_position: null,
     paused_during_cell: null,
+    unrestored_kernel: false,
+    sharing_notebooks: [],
     busy: false,
     busy_since: null,
     execution_count: 3,

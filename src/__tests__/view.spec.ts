@@ -5,6 +5,7 @@ import {
   inFlight,
   percent,
   sessionView,
+  shrinkHold,
   skippedSummary
 } from '../view';
 
@@ -165,6 +166,88 @@ describe('sessionView', () => {
     );
     expect(view.label).toBe('Pausing');
     expect(view.tooltip).toBe(message);
+  });
+
+  it('paused, opened again: a kernel without the state, and what Resume restores into it', () => {
+    const view = sessionView(
+      session({
+        state: 'paused',
+        kernel_id: 'k2',
+        unrestored_kernel: true,
+        checkpoint: {
+          id: '7',
+          created: 0,
+          bytes: 1_200_000_000,
+          variables: ['model', 'optimizer', 'data']
+        }
+      })
+    );
+    expect(view.label).toBe(
+      'Paused — press Resume to restore model, optimizer … (3 variables, 1.2 GB) into this kernel'
+    );
+    expect(view.action?.kind).toBe('resume');
+    expect(view.action?.label).toBe('Resume');
+    expect(view.canResume).toBe(true);
+    expect(view.canPause).toBe(false);
+    expect(view.tooltip).toContain('Resume restores checkpoint 7 into it');
+    // The same session paused with its kernel stopped offers no such thing.
+    const stopped = sessionView(
+      session({
+        state: 'paused',
+        kernel_id: null,
+        checkpoint: { id: '7', created: 0, bytes: 1_200_000_000 }
+      })
+    );
+    expect(stopped.label).toBe('Paused since 18:02 (1.2 GB saved)');
+    expect(stopped.action).toBeNull();
+  });
+
+  it('running while a newer checkpoint lacks what an older one holds: kept, accept offered', () => {
+    const hold = {
+      checkpoints: {
+        '7': {
+          failed: {
+            model: 'not in checkpoint 8',
+            optimizer: 'not in checkpoint 8'
+          },
+          since: 0,
+          kind: 'shrunk' as const,
+          newer: 8
+        }
+      }
+    };
+    const view = sessionView(session({ state: 'active', hold }));
+    expect(view.label).toBe('Active · checkpoint 7 kept');
+    expect(view.tone).toBe('warning');
+    expect(view.action?.kind).toBe('accept');
+    expect(view.action?.label).toBe('Accept');
+    expect(view.tooltip).toContain(
+      'Checkpoint 8 lacks model, optimizer, which checkpoint 7 holds'
+    );
+    expect(shrinkHold(session({ state: 'active' }))).toBeNull();
+  });
+
+  it('restored from files into a kernel that had defined a name itself: said', () => {
+    const view = sessionView(
+      session({
+        state: 'ready',
+        how: 'files',
+        restore: {
+          checkpoint_id: '7',
+          restored: ['note', 'weights'],
+          failed: {},
+          not_saved: {},
+          warnings: [],
+          seconds: 0.4,
+          bytes_read: 1000,
+          replaced: ['note']
+        }
+      })
+    );
+    expect(view.label).toBe('Ready: restored from files (2 variables)');
+    expect(view.tooltip).toContain(
+      'Replaced what this kernel had defined itself: note'
+    );
   });
 
   it('paused without checkpoint info', () => {

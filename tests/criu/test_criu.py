@@ -43,8 +43,11 @@ async def test_a_paused_kernel_comes_back_as_the_same_process(
     pid = int(await tab.run(setup))
     ports = jp_serverapp.kernel_manager.get_kernel(kernel_id).ports
 
+    running = await server.wait_for("live.ipynb", lambda r: r["process_token"])
+
     # When it is paused
     paused = await pause_and_wait(server, "live.ipynb")
+    assert paused["paused_process_token"] == running["process_token"]
 
     # Then the process is gone, its image is in the store, owner-only, and on the timeline
     assert paused["state"] == "paused", paused
@@ -64,6 +67,10 @@ async def test_a_paused_kernel_comes_back_as_the_same_process(
     # Then it is the same process under the same kernel id, proven by its token
     assert ready["state"] == "ready" and ready["how"] == "live", ready
     assert ready["kernel_id"] == kernel_id and ready["restore"] is None
+    assert ready["paused_process_token"] is None  # spent by this resume
+    _, timeline = await server.call("GET", "timeline", "live.ipynb")
+    (restored,) = [e["data"] for e in timeline["events"] if e["kind"] == "state_restored"]
+    assert restored["how"] == "live" and restored["token_matched"] is True, restored
     # with the generator and the file where they were
     check = "print(next(counter), log.readline().strip(), os.getpid() == pid)"
     assert await server.run(kernel_id, check) == "1 second True\n"

@@ -154,4 +154,15 @@ PLANTS = (
         "PAUSES.labels(outcome=outcome)",
         ("tests/test_server.py::test_each_metric_moves_by_what_happened",),
     ),
+    Plant(
+        "live means the same process",
+        "the token a resume checks is read after the pause (a reopened kernel's own)",
+        "jupyter_pause/orchestrator.py",
+        "paused_token = record.paused_process_token",
+        "paused_token = record.process_token",
+        (
+            "tests/test_ways_back.py::test_reopened_then_resumed_restores_from_files_into_the_new_kernel",
+            "tests/test_ways_back.py::test_restart_kernel_on_a_paused_notebook_then_resume",
+        ),
+    ),
 )
