@@ -656,6 +656,9 @@ def checkpoint_rows(listing: dict[str, Any]) -> list[tuple[Any, ...]]:
             continue
         names = c.get("variables") or []
         shown = ", ".join(names[:8]) + (f", … (+{len(names) - 8})" if len(names) > 8 else "")
+        shrunk = c.get("shrunk_from")
+        if shrunk:  # a kernel without the session's state wrote it, or the notebook deleted most
+            shown = f"{shown or '-'} (lacks {len(shrunk['missing'])} of checkpoint {shrunk['id']})"
         rows.append(
             (
                 c["id"],

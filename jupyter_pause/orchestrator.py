@@ -26,7 +26,7 @@ from typing import Any
 from . import holds, metrics, store_view
 from .backends.base import Backend, BackendError, EnvironmentBackend, SessionSpec
 from .environment import Environment
-from .formatting import format_bytes, format_count, format_reasons
+from .formatting import format_bytes, format_count, format_duration, format_reasons
 from .kernel import store as store_mod
 from .kernel_bridge import KernelActivity, KernelBridge, KernelCallError
 from .policy import Policy
@@ -421,11 +421,11 @@ class Orchestrator:
 
     def _kernel_last_activity(self, kernel_id: str) -> float:
         """jupyter-server's own idea of the kernel's last activity, for a kernel seen late."""
-        try:
-            seen = self.bridge.kernel_manager.get_kernel(kernel_id).last_activity
-            return float(seen.timestamp())
-        except (KeyError, AttributeError):
+        manager = self.bridge.kernel_manager
+        if kernel_id not in manager:  # get_kernel would answer jupyter-server's HTTP 404
             return time.time()
+        seen = getattr(manager.get_kernel(kernel_id), "last_activity", None)
+        return float(seen.timestamp()) if seen is not None else time.time()
 
     async def _hello(self, record: SessionRecord, kernel_id: str) -> None:
         """Load the kernel extension and learn the process token (for live-restore checks)."""
@@ -1181,6 +1181,9 @@ class Orchestrator:
         now = time.time() if now is None else now
         running, idle = 0, []
         for record in list(self.records.values()):
+            if record.unrestored_kernel and record.kernel_id is not None:
+                await self._stop_if_idle_without_state(record, now)
+                continue
             if record.state not in RUNNING_STATES or record.kernel_id is None:
                 continue
             running += 1
@@ -1208,6 +1211,44 @@ class Orchestrator:
                 await self.pause(path, reason=reason)
                 paused.append(path)
         return paused
+
+    async def _stop_if_idle_without_state(self, record: SessionRecord, now: float) -> None:
+        """A paused notebook opened again whose new kernel nobody resumed or used for the idle
+        time: that kernel would hold its GPU all night. It is stopped (what cells ran in it
+        saved first); the pause stands as it was, and Resume still restores its checkpoint."""
+        rules = self.policy.for_kernelspec(record.kernel_name)
+        kernel_id = record.kernel_id
+        if (
+            not rules.auto_pause
+            or rules.idle_minutes <= 0
+            or record.activity.busy
+            or record.path in self._tasks
+            or kernel_id is None
+            or now - record.activity.last_activity < rules.idle_minutes * 60
+        ):
+            return
+        idle_seconds = now - record.activity.last_activity
+        async with self._lock(record.path):
+            # Ours while it stops: sessions seen meanwhile must not end it a second time.
+            self._tasks[record.path] = asyncio.current_task()  # type: ignore[assignment]
+            try:
+                if record.activity.execution_count:  # cells ran in it: keep what they made
+                    with contextlib.suppress(PauseError):
+                        await self._checkpoint(record, reason="idle", then=record.state)
+                with contextlib.suppress(Exception):  # gone already: its end is noted all the same
+                    await self.bridge.kernel_manager.shutdown_kernel(kernel_id)
+                await self._kernel_ended(record)
+            finally:
+                self._tasks.pop(record.path, None)
+            record.timeline.add("unrestored_kernel_stopped", idle_seconds=round(idle_seconds))
+            self._set(
+                record,
+                record.state,
+                f"The kernel opened without the saved state was idle for "
+                f"{format_duration(idle_seconds)}: stopped, its GPU released. Still paused; "
+                "resume to restore."
+                + self._intact_text(self._resume_target(record, await self._inspect(record))),
+            )
 
     async def _checkpoint_before_cull(self, record: SessionRecord, idle_for: float) -> None:
         """Save an idle kernel's state before jupyter-server's culler shuts it down."""

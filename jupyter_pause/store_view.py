@@ -82,6 +82,11 @@ def list_checkpoints(store: store_mod.NotebookStore) -> dict[str, Any]:
                 "bytes": store_mod.manifest_bytes(manifest),
                 "variables": store_mod.manifest_variables(manifest),
                 "skipped": manifest["skipped"],
+                **(
+                    {"shrunk_from": store_mod.manifest_shrink(manifest)}
+                    if store_mod.manifest_shrink(manifest)
+                    else {}
+                ),
             }
         )
     for checkpoint_id, why in store.damaged().items():

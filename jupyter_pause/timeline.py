@@ -23,7 +23,9 @@ EVENT_KINDS = (
     "gpu_released",  # the accelerator is back in the pool (measured where possible)
     "resume_requested",
     "resources_acquired",  # an accelerator was granted again
-    "state_restored",  # data: how (live|files), restored, failed
+    "state_restored",  # data: how (live|files), restored, failed; token_matched (live: proven)
+    "checkpoint_restored",  # a running session restored from a checkpoint in the notebook
+    "unrestored_kernel_stopped",  # a paused notebook's new kernel, idle and stopped (GPU back)
     "kernel_ready",
     "first_cell_executed",  # the researcher's next cell after the resume
     "hold_released",  # the user accepted an incomplete restore: retention applies again

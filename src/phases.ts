@@ -308,7 +308,9 @@ export function describeEvent(event: ITimelineEvent): string {
         : 'Resources granted';
     case 'state_restored': {
       if (data.how === 'live') {
-        return 'Live session restored';
+        return data.token_matched
+          ? 'Live session restored (the process that paused)'
+          : 'Live session restored (not proven: recorded before the check)';
       }
       const restored = names(data.restored);
       const failed = names(data.failed);
@@ -325,6 +327,10 @@ export function describeEvent(event: ITimelineEvent): string {
       return 'Kernel ready';
     case 'first_cell_executed':
       return 'First cell run after the resume';
+    case 'checkpoint_restored':
+      return `Checkpoint ${data.checkpoint_id ?? ''} restored in the notebook`;
+    case 'unrestored_kernel_stopped':
+      return 'Kernel opened without the saved state stopped when idle (GPU released)';
     case 'hold_released':
       return 'Incomplete restore accepted: retention applies again';
     case 'idle_gap':

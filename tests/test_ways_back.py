@@ -285,6 +285,8 @@ async def test_an_empty_kernel_never_pushes_the_last_complete_checkpoint_out(
     assert "checkpoint 2 lacks 2 of the 2 variables of checkpoint 1 (note, weights)" in out
     _, listing = await server.call("GET", "checkpoints", NOTEBOOK)
     assert [c["id"] for c in listing["checkpoints"]] == [1, 2, 3]
+    assert listing["checkpoints"][1]["shrunk_from"] == {"id": 1, "missing": ["note", "weights"]}
+    assert "shrunk_from" not in listing["checkpoints"][2]  # it lacks nothing of checkpoint 2
     assert listing["hold"]["checkpoints"]["1"]["kind"] == "shrunk"
     _, record = await server.call("GET", "sessions", NOTEBOOK)
     assert record["state"] == "paused" and record["checkpoint"]["id"] == 1  # what resume restores
@@ -299,3 +301,41 @@ async def test_an_empty_kernel_never_pushes_the_last_complete_checkpoint_out(
     assert code == 200
     _, listing = await server.call("GET", "checkpoints", NOTEBOOK)
     assert listing["hold"] is None and [c["id"] for c in listing["checkpoints"]] == [4]
+
+
+async def test_a_reopened_kernel_nobody_resumes_is_stopped_when_idle_and_the_pause_stands(
+    server: Server,
+) -> None:
+    # Given a paused notebook opened again, whose new kernel the user ran a cell in and then
+    # left (it would hold its GPU all night)
+    paused = await a_paused_notebook(server)
+    fresh = await server.open_notebook(NOTEBOOK)
+    await server.wait_for(NOTEBOOK, lambda r: r["watching"] and r["unrestored_kernel"])
+    await server.run(fresh, "scratch = 'typed after reopening'")
+    await server.wait_for(NOTEBOOK, lambda r: r["execution_count"] and not r["busy"])
+    _, status = await server.call("GET", "status")
+    assert status["resources"]["gpus_free"] == 0  # the new kernel took the GPU
+
+    # When the idle policy runs
+    server.orchestrator.policy.idle_pause_minutes = 0.0005
+    await asyncio.sleep(0.1)
+    await server.orchestrator.check_idle()
+
+    # Then that kernel is stopped and its GPU back; the pause stands as it was
+    _, record = await server.call("GET", "sessions", NOTEBOOK)
+    assert record["state"] == "paused" and record["kernel_id"] is None, record
+    assert not record["unrestored_kernel"]
+    assert record["paused_process_token"] == paused["paused_process_token"]
+    assert "opened without the saved state was idle" in record["message"]
+    assert fresh not in server.app.kernel_manager
+    _, status = await server.call("GET", "status")
+    assert status["resources"]["gpus_free"] == 1
+    # what the user made in it was saved first (beside the pause's checkpoint, kept)
+    _, listing = await server.call("GET", "checkpoints", NOTEBOOK)
+    assert [c["variables"] for c in listing["checkpoints"]] == [["note", "weights"], ["scratch"]]
+
+    # And a resume still restores the pause's checkpoint
+    server.orchestrator.policy.idle_pause_minutes = 0.0
+    ready = await resume_and_wait(server)
+    assert ready["how"] == "files" and ready["restore"]["checkpoint_id"] == 1, ready
+    await assert_data_back(server, ready["kernel_id"])

@@ -124,9 +124,18 @@ describe('describeEvent', () => {
     expect(describeEvent(ev('gpu_acquired', 1, { gpus: [0] }))).toBe(
       'GPU 0 acquired'
     );
+    expect(
+      describeEvent(
+        ev('state_restored', 1, { how: 'live', token_matched: true })
+      )
+    ).toBe('Live session restored (the process that paused)');
+    // written before the pause's token was checked: never called proven
     expect(describeEvent(ev('state_restored', 1, { how: 'live' }))).toBe(
-      'Live session restored'
+      'Live session restored (not proven: recorded before the check)'
     );
+    expect(
+      describeEvent(ev('checkpoint_restored', 1, { checkpoint_id: 4 }))
+    ).toBe('Checkpoint 4 restored in the notebook');
     for (const kind of ['kernel_ready', 'failed', 'something_new']) {
       expect(describeEvent(ev(kind, 1, { what: 'x' }))).not.toMatch(/[{}[\]]/);
     }
