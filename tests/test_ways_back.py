@@ -53,6 +53,20 @@ async def a_paused_notebook(server: Server, path: str = NOTEBOOK) -> dict[str, A
     return paused
 
 
+async def reopen(server: Server, path: str = NOTEBOOK) -> str:
+    """Open the paused notebook again, as JupyterLab does (a fresh kernel): its id, once
+    the server watches it and knows it holds none of the saved state."""
+    fresh = await server.open_notebook(path)
+    await server.wait_for(path, lambda r: r["watching"] and r["unrestored_kernel"])
+    return fresh
+
+
+async def a_reopened_paused_notebook(server: Server, path: str = NOTEBOOK) -> str:
+    """A paused notebook (``a_paused_notebook``), opened again: the fresh kernel's id."""
+    await a_paused_notebook(server, path)
+    return await reopen(server, path)
+
+
 async def resume_and_wait(server: Server, path: str = NOTEBOOK) -> dict[str, Any]:
     code, _ = await server.call("POST", "resume", path)
     assert code == 202
@@ -216,9 +230,7 @@ async def test_checkpoint_restore_typed_into_the_reopened_notebook_resumes_it(
     server: Server,
 ) -> None:
     # Given a paused notebook opened again
-    await a_paused_notebook(server)
-    fresh = await server.open_notebook(NOTEBOOK)
-    await server.wait_for(NOTEBOOK, lambda r: r["watching"] and r["unrestored_kernel"])
+    fresh = await a_reopened_paused_notebook(server)
 
     # When the user types %checkpoint restore instead of pressing Resume
     out = await server.run(fresh, "%checkpoint restore")
@@ -236,9 +248,7 @@ async def test_restoring_some_variables_by_name_in_the_reopened_notebook_is_part
     server: Server,
 ) -> None:
     # Given a paused notebook opened again
-    await a_paused_notebook(server)
-    fresh = await server.open_notebook(NOTEBOOK)
-    await server.wait_for(NOTEBOOK, lambda r: r["watching"] and r["unrestored_kernel"])
+    fresh = await a_reopened_paused_notebook(server)
 
     # When only one variable is restored by name
     await server.run(fresh, "%checkpoint restore 1 weights")
@@ -254,9 +264,7 @@ async def test_cells_run_in_the_reopened_kernel_are_kept_and_a_replaced_name_is_
     server: Server,
 ) -> None:
     # Given a paused notebook opened again, where the user defines variables before resuming
-    await a_paused_notebook(server)
-    fresh = await server.open_notebook(NOTEBOOK)
-    await server.wait_for(NOTEBOOK, lambda r: r["watching"] and r["unrestored_kernel"])
+    fresh = await a_reopened_paused_notebook(server)
     await server.run(fresh, "scratch = 'mine'\nnote = 'typed after reopening'")
 
     # When they resume
@@ -274,9 +282,7 @@ async def test_an_empty_kernel_never_pushes_the_last_complete_checkpoint_out(
 ) -> None:
     # Given a paused notebook (checkpoint 1 holds its state), opened again, whose empty
     # new kernel the user checkpoints twice before resuming
-    await a_paused_notebook(server)
-    fresh = await server.open_notebook(NOTEBOOK)
-    await server.wait_for(NOTEBOOK, lambda r: r["watching"] and r["unrestored_kernel"])
+    fresh = await a_reopened_paused_notebook(server)
     out = await server.run(fresh, "%checkpoint")
     await server.run(fresh, "%checkpoint")
 
@@ -309,8 +315,7 @@ async def test_a_reopened_kernel_nobody_resumes_is_stopped_when_idle_and_the_pau
     # Given a paused notebook opened again, whose new kernel the user ran a cell in and then
     # left (it would hold its GPU all night)
     paused = await a_paused_notebook(server)
-    fresh = await server.open_notebook(NOTEBOOK)
-    await server.wait_for(NOTEBOOK, lambda r: r["watching"] and r["unrestored_kernel"])
+    fresh = await reopen(server)
     await server.run(fresh, "scratch = 'typed after reopening'")
     await server.wait_for(NOTEBOOK, lambda r: r["execution_count"] and not r["busy"])
     _, status = await server.call("GET", "status")

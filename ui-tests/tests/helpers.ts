@@ -1,4 +1,4 @@
-import { IJupyterLabPageFixture } from '@jupyterlab/galata';
+import { expect, IJupyterLabPageFixture } from '@jupyterlab/galata';
 import { Locator } from '@playwright/test';
 
 /**
@@ -70,6 +70,23 @@ export class PauseHelper {
     );
     await this.page.notebook.openByPath(`${tmpPath}/${name}`);
     await this.page.notebook.activate(name);
+  }
+
+  /**
+   * Wait until the current notebook panel's kernel is idle (after a resume
+   * the panel reconnects to the new kernel first).
+   */
+  async waitForKernelIdle(): Promise<void> {
+    await expect
+      .poll(
+        () =>
+          this.page.evaluate(() => {
+            const current = (window as any).jupyterapp.shell.currentWidget;
+            return current?.sessionContext?.session?.kernel?.status ?? null;
+          }),
+        { timeout: 60 * 1000 }
+      )
+      .toBe('idle');
   }
 
   /** Click Pause and accept the confirmation dialog. */

@@ -49,16 +49,7 @@ test.describe('pause and resume a notebook', () => {
     await expect(pause.chipLabel).toContainText('Ready: restored from files');
 
     // The panel is connected to the new kernel: the model is there.
-    await expect
-      .poll(
-        () =>
-          page.evaluate(() => {
-            const current = (window as any).jupyterapp.shell.currentWidget;
-            return current?.sessionContext?.session?.kernel?.status ?? null;
-          }),
-        { timeout: 60 * 1000 }
-      )
-      .toBe('idle');
+    await pause.waitForKernelIdle();
     await page.notebook.addCell(
       'code',
       'print(model["name"], float(model["weights"].sum()))'

@@ -48,20 +48,14 @@ async function buildAndPause(
 }
 
 /**
- * Wait until the panel's kernel is idle, run the check in a new cell and
- * return its output.
+ * Once the panel's kernel is idle, run the check in a new cell and return its
+ * output.
  */
-async function checkInNewCell(page: Page & { notebook: any }): Promise<string> {
-  await expect
-    .poll(
-      () =>
-        page.evaluate(() => {
-          const current = (window as any).jupyterapp.shell.currentWidget;
-          return current?.sessionContext?.session?.kernel?.status ?? null;
-        }),
-      { timeout: 60 * 1000 }
-    )
-    .toBe('idle');
+async function checkInNewCell(
+  page: Page & { notebook: any },
+  pause: PauseHelper
+): Promise<string> {
+  await pause.waitForKernelIdle();
   await page.notebook.addCell('code', CHECK);
   const index = (await page.notebook.getCellCount()) - 1;
   await page.notebook.runCell(index);
@@ -90,7 +84,7 @@ test.describe('every way back restores the session, and says how', () => {
     await expect(pause.chipLabel).toHaveText(RESTORED, {
       timeout: 120 * 1000
     });
-    expect(await checkInNewCell(page)).toContain('tiny 45');
+    expect(await checkInNewCell(page, pause)).toContain('tiny 45');
   });
 
   test('the browser closed while paused, then a new tab', async ({
@@ -111,7 +105,7 @@ test.describe('every way back restores the session, and says how', () => {
     await expect(pause.chipLabel).toHaveText(RESTORED, {
       timeout: 120 * 1000
     });
-    expect(await checkInNewCell(page)).toContain('tiny 45');
+    expect(await checkInNewCell(page, pause)).toContain('tiny 45');
   });
 
   test('Restart Kernel pressed on a paused notebook, then Resume', async ({
@@ -142,7 +136,7 @@ test.describe('every way back restores the session, and says how', () => {
     await expect(pause.chipLabel).toHaveText(RESTORED, {
       timeout: 120 * 1000
     });
-    expect(await checkInNewCell(page)).toContain('tiny 45');
+    expect(await checkInNewCell(page, pause)).toContain('tiny 45');
   });
 
   test('two browser tabs on one paused notebook both press Resume', async ({
