@@ -17,13 +17,14 @@ class CannotRun(Exception):
     """The recipe cannot run on this machine at all (the reason says why)."""
 
 
-def built(script: Path, needs: str) -> str:
+def built(script: Path, needs: str, *args: str) -> str:
     """The cached binary of ``script``, built first when this machine has none.
 
-    ``needs`` says what the tests need it for (the reason given when it cannot be built).
+    ``needs`` says what the tests need it for (the reason given when it cannot be built);
+    ``args`` go to the script (which of the binaries it builds to print).
     """
     cached = subprocess.run(
-        ["bash", str(script)],
+        ["bash", str(script), *args],
         capture_output=True,
         text=True,
         env={**os.environ, "JUPYTER_PAUSE_CACHE_ONLY": "1"},
@@ -36,7 +37,7 @@ def built(script: Path, needs: str) -> str:
             f"root and apt-get (uid {os.geteuid()}, "
             f"apt-get {'found' if shutil.which('apt-get') else 'missing'})"
         )
-    done = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    done = subprocess.run(["bash", str(script), *args], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{script.name} failed:\n{done.stderr[-4000:]}")
     return done.stdout.strip().splitlines()[-1]
