@@ -1,57 +1,79 @@
-"""One real control plane (etcd + kube-apiserver) per test session; a namespace per test."""
+"""Real control planes, one of each kind per test session; a namespace per test.
+
+* ``control_plane``: etcd + kube-apiserver with the project's own CRDs (``crds/``); the tests
+  play every other part of the cluster (``players.py``).
+* ``upstream_control_plane``: etcd, kube-apiserver, kube-controller-manager and kube-scheduler,
+  with Kubeflow Notebooks v2's own CRDs (``upstream-crds/``), GKE's podsnapshot.gke.io ones and
+  GKE Sandbox's RuntimeClass ``gvisor``; no nodes (``register_node``) and no kubelet.
+* ``gke_addon``: the real GKE Workspaces snapshot add-on on ``upstream_control_plane``, from the
+  first test that asks for it to the end of the session (its webhooks see every namespace; it
+  acts only on Workspaces or WorkspaceKinds annotated ``podsnapshot.gke.kubeflow.org/enabled``).
+"""
 
 from __future__ import annotations
 
 import itertools
-import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from ..built_tools import CannotRun
-from .control_plane import ControlPlane, apiserver_binary
+from .control_plane import (
+    PROJECT_CRDS,
+    UPSTREAM_CRDS,
+    ControlPlane,
+    SnapshotAddon,
+    addon_binary,
+    apiserver_binary,
+    kube_binary,
+)
 from .players import PlayedCluster
 
-CRDS = Path(__file__).resolve().parent / "crds"
 _numbers = itertools.count(1)
+
+
+def _binary(get: Callable[[], str]) -> str:
+    try:
+        return get()
+    except CannotRun as err:
+        pytest.skip(f"CLUSTER TESTS SKIPPED: {err}")
 
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    try:
-        binary = apiserver_binary()
-    except CannotRun as err:
-        pytest.skip(f"CLUSTER TESTS SKIPPED: {err}")
-    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"), binary)
+    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"), _binary(apiserver_binary))
     try:
         plane.start()
-        for crd in sorted(CRDS.glob("*.yaml")):
-            plane.apply_file(crd)
-        _wait_established(plane)
+        plane.load_crds(PROJECT_CRDS)
         yield plane
     finally:
         plane.stop()
 
 
-def _wait_established(plane: ControlPlane) -> None:
-    from kubernetes import client
+@pytest.fixture(scope="session")
+def upstream_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    plane = ControlPlane(
+        tmp_path_factory.mktemp("upstream-control-plane"),
+        _binary(apiserver_binary),
+        controller_manager=_binary(lambda: kube_binary("kube-controller-manager")),
+        scheduler=_binary(lambda: kube_binary("kube-scheduler")),
+    )
+    try:
+        plane.start()
+        plane.load_crds(UPSTREAM_CRDS)
+        plane.install_gvisor_runtime_class()
+        yield plane
+    finally:
+        plane.stop()
 
-    with plane.admin.api_client() as api:
-        extensions = client.ApiextensionsV1Api(api)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            crds = extensions.list_custom_resource_definition().items
-            if crds and all(
-                any(
-                    c.type == "Established" and c.status == "True"
-                    for c in crd.status.conditions or []
-                )
-                for crd in crds
-            ):
-                return
-            time.sleep(0.1)
-    raise AssertionError("the test CRDs were not established in 30 s")
+
+@pytest.fixture(scope="session")
+def gke_addon(upstream_control_plane: ControlPlane) -> Iterator[SnapshotAddon]:
+    addon = upstream_control_plane.start_snapshot_addon(_binary(addon_binary))
+    try:
+        yield addon
+    finally:
+        addon.stop()
 
 
 @pytest.fixture
