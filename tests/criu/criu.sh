@@ -24,14 +24,17 @@ if [ -x "$BIN" ] && runs "$BIN"; then
 fi
 [ -n "${JUPYTER_PAUSE_CACHE_ONLY:-}" ] && exit 3
 
+# The system's apt, one caller at a time: .ci/run runs this build beside the others (an apt
+# already running would make this one fail on its lock, not wait).
+apt_get() { flock /tmp/jupyter-pause-apt.lock apt-get "$@"; }
 apt_install() {
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
+    DEBIAN_FRONTEND=noninteractive apt_get install -y -qq --no-install-recommends "$@" >&2
 }
 # Only the source of trixie's criu is used: a deb-src line alone never upgrades a package.
 SOURCES=/etc/apt/sources.list.d/jupyter-pause-trixie-src.sources
 if [ ! -f "$SOURCES" ]; then
     printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: trixie\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' >"$SOURCES"
-    apt-get update -qq >&2
+    apt_get update -qq >&2
 fi
 apt_install libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler \
     python3-protobuf pkg-config libnl-3-dev libnl-route-3-dev libnet1-dev libcap-dev libbsd-dev \
@@ -41,7 +44,7 @@ apt_install libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/criu-build.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
-apt-get source -qq --tar-only "criu=$VERSION" >&2
+apt_get source -qq --tar-only "criu=$VERSION" >&2
 tar xf criu_4.1.1.orig.tar.xz
 cd criu-4.1.1
 patch -p1 <"$PATCH" >&2
