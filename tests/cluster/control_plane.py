@@ -11,7 +11,8 @@ identity its bootstrap RBAC role is bound to (``system:kube-controller-manager``
 account per controller, ``system:kube-scheduler``) and with the apiserver's service-account
 signing key, so a StatefulSet becomes a Pod and the Pod is bound to a node as in a real
 cluster. Nodes are registered by the tests (``register_node``: a GPU capacity, Ready, a Lease
-renewed like a kubelet's); no kubelet runs, the tests play it. ``start_snapshot_addon`` runs
+renewed like a kubelet's), home volumes made bound (``provide_claim``: there is no
+provisioner); no kubelet runs, the tests play it. ``start_snapshot_addon`` runs
 gke-workspace-snapshot-addon with its own least RBAC and its webhooks registered by URL.
 
 The binaries come from ``kube-apiserver.sh`` and ``gke-addon.sh`` (built once per machine,
@@ -547,6 +548,50 @@ class ControlPlane:
         self.heartbeat.remove(name)
         with self.admin.api_client() as api:
             client.CoreV1Api(api).delete_node(name)
+
+    def provide_claim(self, namespace: str, claim: str, size: str = "1Gi") -> None:
+        """A PersistentVolumeClaim ``claim`` (a Workspace's home volume) and a volume for it, bound
+        by the real PV controller; returns once it is Bound. There is no provisioner here, and
+        the scheduler refuses a pod whose claim is unbound; the volume is a hostPath no kubelet
+        will mount, pre-bound to the claim as an admin would."""
+        from kubernetes import client
+
+        volume = f"{namespace}-{claim}"
+        with self.admin.api_client() as api:
+            core = client.CoreV1Api(api)
+            core.create_persistent_volume(
+                {
+                    "metadata": {"name": volume},
+                    "spec": {
+                        "capacity": {"storage": size},
+                        "accessModes": ["ReadWriteOnce"],
+                        "persistentVolumeReclaimPolicy": "Retain",
+                        "storageClassName": "",
+                        "hostPath": {"path": f"/var/lib/jupyter-pause-tests/{volume}"},
+                        "claimRef": {"namespace": namespace, "name": claim},
+                    },
+                }
+            )
+            core.create_namespaced_persistent_volume_claim(
+                namespace,
+                {
+                    "metadata": {"name": claim},
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "storageClassName": "",
+                        "volumeName": volume,
+                        "resources": {"requests": {"storage": size}},
+                    },
+                },
+            )
+            wait_until(
+                lambda: (
+                    core.read_namespaced_persistent_volume_claim(claim, namespace).status.phase
+                    == "Bound"
+                ),
+                60,
+                f"the PV controller to bind claim {namespace}/{claim}",
+            )
 
     def install_gvisor_runtime_class(self) -> None:
         """RuntimeClass ``gvisor`` (handler ``runsc``) as GKE Sandbox installs it: its pods get

@@ -65,10 +65,15 @@ class RealCluster:
         self.api.close()
 
     # -- objects ----------------------------------------------------------------------------------
-    def statefulset(self, name: str, gpus: int, workspace: str | None = None) -> str:
+    def statefulset(
+        self, name: str, gpus: int, workspace: str | None = None, home: str | None = None
+    ) -> str:
         """A StatefulSet of one replica, as the Notebooks v2 workspace controller makes for a
-        Workspace (the workspace-name label on its pods); returns its pod's name."""
+        Workspace (the workspace-name label on its pods, the ``home`` claim mounted); returns
+        its pod's name."""
         labels = {"app": name, **({WORKSPACE_LABEL: workspace} if workspace else {})}
+        volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": home}}] if home else []
+        mounts = [{"name": "home", "mountPath": "/home/jovyan"}] if home else []
         self.apps.create_namespaced_stateful_set(
             self.namespace,
             {
@@ -81,11 +86,13 @@ class RealCluster:
                         "metadata": {"labels": labels},
                         "spec": {
                             "nodeSelector": {POOL_LABEL: self.pool},
+                            "volumes": volumes,
                             "containers": [
                                 {
                                     "name": "main",
                                     "image": "jupyterlab-pause:test",
                                     "resources": {"limits": {GPU: str(gpus)}},
+                                    "volumeMounts": mounts,
                                 }
                             ],
                         },
@@ -272,12 +279,13 @@ def _condition(pod: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 def test_a_statefulset_pod_is_made_by_the_controller_manager_and_bound_to_the_gpu_node(
-    real_cluster: RealCluster,
+    real_cluster: RealCluster, upstream_control_plane: ControlPlane
 ) -> None:
     real_cluster.node("cpu", gpus=0)
     gpu_node = real_cluster.node("gpu", gpus=1)
+    upstream_control_plane.provide_claim(real_cluster.namespace, "lab-home")
 
-    pod_name = real_cluster.statefulset("ws-lab", gpus=1)
+    pod_name = real_cluster.statefulset("ws-lab", gpus=1, home="lab-home")
 
     pod = real_cluster.wait_pod(pod_name, lambda pod: True, "the StatefulSet controller's pod")
     owner = pod["metadata"]["ownerReferences"][0]
