@@ -211,7 +211,13 @@ class Environment:
                 return
             self.paused_here = state
             for record in running:
-                record.timeline.add("kernel_stopped", scope="workspace", snapshot=outcome.name)
+                record.timeline.add(
+                    "kernel_stopped",
+                    scope="workspace",
+                    mode=outcome.mode,
+                    snapshot=outcome.name,
+                    **({"no_snapshot": outcome.problem} if outcome.problem else {}),
+                )
                 if record.gpus or record.gpus_needed:
                     record.timeline.add("gpu_released", measured=False, gpus=record.gpus)
                 metrics.pause_finished("paused")
@@ -244,6 +250,7 @@ class Environment:
             "reason": reason,
             "server_token": self.token,
             "instance": instance,
+            "mode": outcome.mode,
             "snapshot": outcome.name,
             "snapshot_problem": outcome.problem,
             "snapshot_seconds": round(outcome.seconds, 3),
@@ -263,7 +270,13 @@ class Environment:
         if outcome.name:
             snapshot = f"pod snapshot {outcome.name}"
             for record in running:
-                record.timeline.add("snapshot_taken", name=outcome.name, seconds=outcome.seconds)
+                record.timeline.add(
+                    "snapshot_taken",
+                    name=outcome.name,
+                    seconds=round(outcome.seconds, 3),
+                    mode=outcome.mode,
+                    **outcome.details,
+                )
         else:
             snapshot = f"no pod snapshot: {outcome.problem}"
         for record in running:

@@ -22,8 +22,8 @@ import sys
 import time
 from typing import Any
 
-from .backends.kube import STATE_ANNOTATION, WORKSPACE_LABEL, Kube, KubeError, condition
-from .backends.workspace import epoch, facts_of
+from .backends.kube import STATE_ANNOTATION, WORKSPACE_LABEL, Kube, KubeError, condition, epoch
+from .backends.workspace import facts_of
 from .cli import (
     EXIT_CONFLICT,
     EXIT_FAILED,

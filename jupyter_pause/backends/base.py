@@ -139,6 +139,8 @@ class SnapshotOutcome:
     # This very process runs in a new environment restored from that snapshot (the platform
     # resumes a restored process where the snapshot was taken: inside this call).
     resumed_from_snapshot: bool = False
+    mode: str = ""  # how the platform snapshots it (the workspace backend's mode), named
+    details: dict[str, Any] = field(default_factory=dict)  # what the snapshot took (bytes)
 
 
 @dataclass

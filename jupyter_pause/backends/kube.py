@@ -14,9 +14,11 @@ kubeconfig.
 
 from __future__ import annotations
 
+import calendar
 import datetime
 import json
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -311,8 +313,21 @@ class Kube:
     def delete_snapshot(self, namespace: str, name: str) -> None:
         self._custom("delete", SNAPSHOTS, namespace, name)
 
+    def delete_trigger(self, namespace: str, name: str) -> None:
+        self._custom("delete", TRIGGERS, namespace, name)
+
 
 # -- reading objects --------------------------------------------------------------------------------
+def epoch(stamp: str | None) -> float | None:
+    """An RFC 3339 time of the API server (``2024-01-01T10:00:00Z``) as a Unix time."""
+    if not stamp:
+        return None
+    try:
+        return float(calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")))
+    except ValueError:
+        return None
+
+
 def condition(obj: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
     """The status condition of type ``kind`` of an object, or None."""
     for entry in (obj.get("status") or {}).get("conditions") or []:

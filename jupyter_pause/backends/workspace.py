@@ -2,15 +2,10 @@
 
 The server and its kernels share the pod and its GPUs. A pause of any notebook pauses the
 pod: the orchestrator checkpoints every kernel to the home volume (the PVC outlives the pod),
-then this backend
-
-1. snapshots the pod where a ``PodSnapshotPolicy`` selects it (GKE Pod Snapshots, gVisor): a
-   ``PodSnapshotManualTrigger`` for a ``manual`` policy, followed to its ``PodSnapshot``
-   being ready; a write to ``/proc/gvisor/checkpoint`` for a ``workload`` policy. No policy,
-   no permission, a failed snapshot: it says so and the pause goes on with the checkpoints;
-2. merge-patches its own Workspace ``{"spec": {"paused": true}}`` (pinning the snapshot in the
-   pod template's annotations, ``podsnapshot.gke.io/ps-name``): the controller deletes the pod
-   and the GPU goes back to the pool.
+then this backend snapshots the pod and pauses its Workspace in the **mode** the cluster
+offers (``workspace_modes``: the GKE Workspaces add-on, GKE Pod Snapshots with our own
+trigger and pin, or no snapshots at all), detected when the server starts and again at each
+pause, and named in the status, the chip and the timeline.
 
 Back in a new pod, ``environment_facts`` tells whether the platform restored it from the
 snapshot (the pod's ``PodRestored`` condition); the orchestrator adds the proof only the
@@ -20,12 +15,9 @@ process itself has (its in-memory token) before it calls anything "live".
 from __future__ import annotations
 
 import asyncio
-import calendar
 import contextlib
 import json
 import os
-import re
-import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,17 +37,28 @@ from .base import (
     SnapshotOutcome,
     StopOutcome,
 )
+from .gke_workspaces import AddonMode
 from .kernels import running_kernel, start_kernel
 from .kube import (
     PIN_ANNOTATION,
     STATE_ANNOTATION,
-    TRIGGERED_BY_LABEL,
     WORKSPACE_LABEL,
     Kube,
     KubeError,
     condition,
+    epoch,
     gpu_limit,
-    selector_matches,
+)
+from .pod_snapshots import OwnPolicyMode
+from .workspace_modes import (
+    GKE_WORKSPACES,
+    NO_SNAPSHOTS,
+    POD_SNAPSHOTS,
+    ModeChoice,
+    NoSnapshots,
+    SnapshotMode,
+    WorkspacePod,
+    detect_mode,
 )
 
 #: The pod condition GKE sets on a pod it restored from a snapshot.
@@ -88,21 +91,6 @@ def detect(service_account_dir: str, environ: dict[str, str]) -> bool:
     )
 
 
-def epoch(stamp: str | None) -> float | None:
-    """An RFC 3339 time of the API server (``2024-01-01T10:00:00Z``) as a Unix time."""
-    if not stamp:
-        return None
-    try:
-        return float(calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")))
-    except ValueError:
-        return None
-
-
-def dns_label(text: str) -> str:
-    """``text`` as a piece of a Kubernetes object name (lower case, digits and dashes)."""
-    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40] or "pod"
-
-
 class WorkspaceBackend(EnvironmentBackend):
     """Kernels in this pod; a pause snapshots the pod and pauses its Kubeflow Workspace."""
 
@@ -120,7 +108,9 @@ class WorkspaceBackend(EnvironmentBackend):
         self.gpus = 0
         self.problem: str | None = None  # why the cluster cannot be used now, named
         self._connecting: asyncio.Future[None] | None = None
-        self.trigger_prefix = f"jp-{dns_label(settings.pod_name)}-"
+        # How a pause snapshots this pod (detected at start, again at each pause).
+        self.mode = ModeChoice(NO_SNAPSHOTS, "the cluster has not been asked yet")
+        self._pausing: SnapshotMode | None = None  # the mode of the pause in flight
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -151,7 +141,7 @@ class WorkspaceBackend(EnvironmentBackend):
         self.workspace = labels.get(WORKSPACE_LABEL)
         self.gpus = gpu_limit(self.pod)
         if self.workspace:
-            self.trigger_prefix = f"jp-{dns_label(self.workspace)}-"
+            self.mode = detect_mode(self._target(kube), self.settings.snapshots)
         else:
             self.problem = (
                 f"pod {self.settings.pod_name} has no {WORKSPACE_LABEL} label: it is not a "
@@ -210,35 +200,42 @@ class WorkspaceBackend(EnvironmentBackend):
                 "pod": self.settings.pod_name,
                 "workspace": self.workspace,
                 "problem": self.problem,
+                "mode": self.mode.name,
+                "mode_reason": self.mode.why,
             },
         )
 
     # -- the whole pod ----------------------------------------------------------------------------
+    def _target(self, kube: Kube) -> WorkspacePod:
+        return WorkspacePod(
+            kube,
+            self.settings.namespace,
+            self.settings.pod_name,
+            self.pod,
+            self.workspace or "",
+            self.settings.poll_seconds,
+            self.settings.snapshot_timeout_seconds,
+        )
+
+    async def snapshot_mode(self) -> SnapshotMode:
+        """The mode a pause takes now (detected afresh: a policy may have been added)."""
+        kube = await self.connected()
+        target = self._target(kube)
+        self.mode = await asyncio.to_thread(detect_mode, target, self.settings.snapshots)
+        if self.mode.name == GKE_WORKSPACES:
+            return AddonMode(target, self.mode)
+        if self.mode.name == POD_SNAPSHOTS:
+            return OwnPolicyMode(target, self.mode, self.settings.gvisor_checkpoint)
+        return NoSnapshots(target, self.mode)
+
     async def snapshot_environment(self, on_phase: PhaseCallback) -> SnapshotOutcome:
-        if not self.settings.snapshots:
-            return SnapshotOutcome(None, "pod snapshots are turned off (PauseApp.pod_snapshots)")
-        started = time.monotonic()
         try:
-            await self.connected()
-            policy = await asyncio.to_thread(self._policy)
+            mode = await self.snapshot_mode()
         except BackendError as err:
-            return SnapshotOutcome(None, f"no pod snapshot: {err}")
-        if policy is None:
-            return SnapshotOutcome(
-                None,
-                f"no PodSnapshotPolicy in namespace {self.settings.namespace} selects this pod",
-            )
-        kind = ((policy.get("spec") or {}).get("triggerConfig") or {}).get("type")
-        policy_name = policy["metadata"]["name"]
-        if kind == "workload":
-            outcome = await self._workload_snapshot(on_phase, started)
-        elif kind == "manual":
-            outcome = await self._manual_snapshot(on_phase, started)
-        else:
-            return SnapshotOutcome(
-                None, f"PodSnapshotPolicy {policy_name} has trigger type {kind!r}"
-            )
-        outcome.seconds = time.monotonic() - started
+            return SnapshotOutcome(None, f"no pod snapshot: {err}", mode=NO_SNAPSHOTS)
+        self._pausing = mode
+        outcome = await mode.snapshot(on_phase)
+        outcome.mode = mode.name
         if outcome.name is not None and not outcome.resumed_from_snapshot:
             # Here since the snapshot: still the pod that paused, or already a restored one?
             try:
@@ -248,141 +245,13 @@ class WorkspaceBackend(EnvironmentBackend):
                 pass
         return outcome
 
-    def _policy(self) -> dict[str, Any] | None:
-        """The PodSnapshotPolicy selecting this pod, if any."""
-        kube = self._api()
-        labels = (self.pod.get("metadata") or {}).get("labels") or {}
-        for policy in kube.list_policies(self.settings.namespace):
-            if selector_matches((policy.get("spec") or {}).get("selector") or {}, labels):
-                return policy
-        return None
-
-    async def _manual_snapshot(self, on_phase: PhaseCallback, started: float) -> SnapshotOutcome:
-        """A PodSnapshotManualTrigger for this pod, followed to a ready PodSnapshot.
-
-        A spent trigger never fires again: a failed one is replaced by a new one, once.
-        """
-        kube = self._api()
-        namespace = self.settings.namespace
-        deadline = started + self.settings.snapshot_timeout_seconds
-        problem = "no snapshot was made"
-        for attempt in (1, 2):
-            name = f"{self.trigger_prefix}{int(time.time())}-{secrets.token_hex(2)}"
-            labels = {"app.kubernetes.io/managed-by": "jupyter-pause"}
-            if self.workspace:
-                labels[WORKSPACE_LABEL] = self.workspace
-            try:
-                await asyncio.to_thread(
-                    kube.create_trigger, namespace, name, self.settings.pod_name, labels
-                )
-                snapshot, problem = await self._follow_trigger(name, on_phase, started, deadline)
-            except KubeError as err:
-                return SnapshotOutcome(None, f"no pod snapshot: {err}")
-            if snapshot is not None:
-                return SnapshotOutcome(snapshot)
-            if attempt == 1 and time.monotonic() < deadline and "timed out" not in problem:
-                on_phase(f"Pod snapshot failed ({problem}); trying once more with a new trigger")
-        return SnapshotOutcome(None, problem)
-
-    async def _follow_trigger(
-        self, name: str, on_phase: PhaseCallback, started: float, deadline: float
-    ) -> tuple[str | None, str]:
-        """(snapshot name, None) once its PodSnapshot is ready, else (None, why)."""
-        kube = self._api()
-        namespace = self.settings.namespace
-        snapshot: str | None = None
-        while time.monotonic() < deadline:
-            waited = time.monotonic() - started
-            if snapshot is None:
-                trigger = await asyncio.to_thread(kube.get_trigger, namespace, name)
-                triggered = condition(trigger, "Triggered") or {}
-                if triggered.get("status") == "True":
-                    created = ((trigger.get("status") or {}).get("snapshotCreated") or {}).get(
-                        "name"
-                    )
-                    if not created:
-                        return None, f"trigger {name} completed without naming its PodSnapshot"
-                    snapshot = created
-                    continue
-                if triggered.get("status") == "False" and triggered.get("reason") in (
-                    "Failed",
-                    "Error",
-                ):
-                    why = triggered.get("message") or triggered["reason"]
-                    return None, f"the pod snapshot failed (trigger {name}: {why})"
-                on_phase(
-                    f"Pod snapshot: trigger {name} waits for the node's agent ({waited:.0f} s)"
-                )
-            else:
-                found = await asyncio.to_thread(kube.get_snapshot, namespace, snapshot)
-                ready = condition(found, "Ready") or {}
-                if ready.get("status") == "True":
-                    return snapshot, ""
-                if ready.get("status") == "False" and ready.get("reason") in ("Failed", "Error"):
-                    return (
-                        None,
-                        f"PodSnapshot {snapshot} failed: {ready.get('message') or ready['reason']}",
-                    )
-                on_phase(f"Pod snapshot: {snapshot} is being written ({waited:.0f} s)")
-            await asyncio.sleep(self.settings.poll_seconds)
-        return (
-            None,
-            f"the pod snapshot timed out after {self.settings.snapshot_timeout_seconds:.0f} s",
-        )
-
-    async def _workload_snapshot(self, on_phase: PhaseCallback, started: float) -> SnapshotOutcome:
-        """gVisor's workload trigger: write ``1``, read ``resume``, ``restore`` or ``error``."""
-        path = self.settings.gvisor_checkpoint
-        on_phase("Pod snapshot: gVisor is checkpointing the pod")
-        try:
-            result = await asyncio.wait_for(
-                asyncio.to_thread(_gvisor_checkpoint, path),
-                timeout=self.settings.snapshot_timeout_seconds,
-            )
-        except TimeoutError:
-            return SnapshotOutcome(
-                None, f"{path} gave no answer in {self.settings.snapshot_timeout_seconds:.0f} s"
-            )
-        except OSError as err:
-            return SnapshotOutcome(
-                None, f"no pod snapshot: {path} cannot be used ({err}): not in GKE Sandbox?"
-            )
-        if result not in ("resume", "restore"):
-            return SnapshotOutcome(None, f"the pod snapshot failed ({path} answered {result!r})")
-        name = None
-        since = time.time() - (time.monotonic() - started) - 5
-        with contextlib.suppress(KubeError):  # it exists; only not named (so not pinned)
-            name = await asyncio.to_thread(self._newest_snapshot_since, since)
-        return SnapshotOutcome(name, None, resumed_from_snapshot=result == "restore")
-
-    def _newest_snapshot_since(self, since: float) -> str | None:
-        newest = None
-        for item in self._api().list_snapshots(self.settings.namespace):
-            created = epoch((item.get("metadata") or {}).get("creationTimestamp"))
-            if (
-                created is not None
-                and created >= since
-                and (newest is None or created >= newest[0])
-            ):
-                newest = (created, item["metadata"]["name"])
-        return None if newest is None else newest[1]
-
     async def stop_environment(self, state: dict[str, Any]) -> None:
-        kube = await self.connected()
+        await self.connected()
         if not self.workspace:
             raise BackendError(self.problem or "this pod belongs to no Workspace")
-        snapshot = state.get("snapshot")
-        patch = {
-            "metadata": {"annotations": {STATE_ANNOTATION: json.dumps(state, sort_keys=True)}},
-            "spec": {
-                "paused": True,
-                # The next pod restores this snapshot, or none: never an older one silently.
-                "podTemplate": {"podMetadata": {"annotations": {PIN_ANNOTATION: snapshot}}},
-            },
-        }
-        await asyncio.to_thread(
-            kube.patch_workspace, self.settings.namespace, self.workspace, patch
-        )
+        mode = self._pausing or await self.snapshot_mode()
+        outcome = SnapshotOutcome(state.get("snapshot"), state.get("snapshot_problem"))
+        await mode.pause(state, outcome)
 
     async def announce(self, state: dict[str, Any]) -> None:
         kube = await self.connected()
@@ -413,44 +282,12 @@ class WorkspaceBackend(EnvironmentBackend):
 
     # -- snapshot hygiene -------------------------------------------------------------------------
     async def list_snapshots(self) -> list[SnapshotInfo]:
-        kube = await self.connected()
-        items = await asyncio.to_thread(
-            kube.list_snapshots, self.settings.namespace, TRIGGERED_BY_LABEL
-        )
-        ours = []
-        for item in items:
-            metadata = item.get("metadata") or {}
-            trigger = (metadata.get("labels") or {}).get(TRIGGERED_BY_LABEL) or ""
-            if not trigger.startswith(self.trigger_prefix):
-                continue
-            ready = (condition(item, "Ready") or {}).get("status") == "True"
-            ours.append(
-                SnapshotInfo(
-                    metadata["name"], metadata.get("creationTimestamp") or "", ready, False, trigger
-                )
-            )
-        return sorted(ours, key=lambda s: (s.created, s.name))
+        return await (await self.snapshot_mode()).list_snapshots()
 
     async def expire_snapshots(
         self, keep_last: int, max_age_hours: float, pinned: str | None = None
     ) -> list[str]:
-        snapshots = await self.list_snapshots()
-        # The pinned one counts first; the newest others fill what keep_last leaves.
-        others = [s.name for s in snapshots if s.name != pinned]
-        room = max(0, keep_last - (1 if pinned else 0))
-        keep = set(others[len(others) - room :]) if room else set()
-        now = time.time()
-        deleted = []
-        for snapshot in snapshots:
-            created = epoch(snapshot.created) or now
-            too_old = max_age_hours > 0 and now - created > max_age_hours * 3600
-            if snapshot.name == pinned or (snapshot.name in keep and not too_old):
-                continue
-            await asyncio.to_thread(
-                self._api().delete_snapshot, self.settings.namespace, snapshot.name
-            )
-            deleted.append(snapshot.name)
-        return deleted
+        return await (await self.snapshot_mode()).expire(keep_last, max_age_hours, pinned)
 
 
 def facts_of(pod: dict[str, Any]) -> EnvironmentFacts:
@@ -469,14 +306,6 @@ def facts_of(pod: dict[str, Any]) -> EnvironmentFacts:
         pinned_snapshot=(metadata.get("annotations") or {}).get(PIN_ANNOTATION),
         waited_seconds=None if created is None or started is None else max(0.0, started - created),
     )
-
-
-def _gvisor_checkpoint(path: str) -> str:
-    """Ask gVisor for a checkpoint of the whole sandbox (blocks until it is written)."""
-    with open(path, "w") as request:
-        request.write("1")
-    with open(path) as answer:
-        return answer.read().strip()
 
 
 def workspace_settings(

@@ -26,6 +26,7 @@ import contextlib
 import datetime
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,7 @@ import tempfile
 import threading
 import time
 import traceback
+import tty
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,7 +171,9 @@ class PlayedCluster:
         self.blockers = 0  # GPUs another team's pods hold (the "GPU is scarce" case)
         self.restore_mode = "live"  # live | mismatch | silent
         self.fail_triggers = 0  # the snapshot agent fails this many triggers first
-        self.gvisor_files: list[Path] = []  # workload triggers: each pod's /proc/gvisor/checkpoint
+        # What deploy/gvisor-admission-policy.yaml does on GKE (1.20 has no admission
+        # policies): the Workspace's pods run in gVisor. False: a node pool without it.
+        self.gvisor_admission = True
         self.errors: list[str] = []
         self.started_pods: list[str] = []  # uids, in order
         self._stop = threading.Event()
@@ -182,6 +186,11 @@ class PlayedCluster:
 
         self.core.create_namespace(client.V1Namespace(metadata={"name": self.namespace}))
         self.control_plane.apply_file(DEPLOY / "rbac.yaml", NAMESPACE=self.namespace)
+        # GKE Sandbox's runtime class, as GKE has it (pods naming a missing one are refused).
+        with contextlib.suppress(client.exceptions.ApiException):  # 409: made by another test
+            client.NodeV1Api(self.api).create_runtime_class(
+                {"metadata": {"name": "gvisor"}, "handler": "runsc"}
+            )
 
     def create_policy(self, trigger: str = "manual") -> None:
         self.custom.create_namespaced_custom_object(
@@ -241,9 +250,6 @@ class PlayedCluster:
 
     def close(self) -> None:
         self._stop.set()
-        for path in self.gvisor_files:  # wake the gVisor agents waiting for a request
-            with contextlib.suppress(OSError):
-                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
         if self._thread is not None:
             self._thread.join(timeout=60)
         for play in self.workspaces.values():
@@ -328,6 +334,7 @@ class PlayedCluster:
                 "annotations": dict(metadata.get("annotations") or {}),
             },
             "spec": {
+                **({"runtimeClassName": "gvisor"} if self.gvisor_admission else {}),
                 "serviceAccountName": play.service_account,
                 "terminationGracePeriodSeconds": int(play.grace_seconds),
                 "containers": [
@@ -471,9 +478,12 @@ class PlayedCluster:
         shutil.copy(self.control_plane.pki / "ca.crt", accounts / "ca.crt")
         (accounts / "namespace").write_text(self.namespace)
         port = free_port()
-        gvisor = workdir / "gvisor-checkpoint"  # what /proc/gvisor/checkpoint is in GKE Sandbox
-        os.mkfifo(gvisor)
-        self.gvisor_files.append(gvisor)
+        # What /proc/gvisor/checkpoint is in GKE Sandbox: a file the workload opens once,
+        # writes "1" to, then reads from; the read blocks until the checkpoint is done and
+        # gives b"" or b"r". A pty's other end behaves so (raw: no echo, no line buffering).
+        agent_end, pod_end = os.openpty()
+        tty.setraw(pod_end)
+        gvisor = Path(os.ttyname(pod_end))
         config = workdir / "jupyter_server_config.py"
         config.write_text(
             f"load_subconfig({str(DEPLOY / 'jupyter_server_config.py')!r})  # as the image does\n"
@@ -502,33 +512,41 @@ class PlayedCluster:
         process = spawn_server(config, env, play.home, log)
         pod = PodProcess(uid, process, port, play.jupyter_token, workdir, log)
         wait_serving(process, pod.url, pod.token, log)
-        threading.Thread(target=self._gvisor_agent, args=(play, pod, gvisor), daemon=True).start()
+        threading.Thread(
+            target=self._gvisor_agent, args=(play, pod, agent_end, pod_end), daemon=True
+        ).start()
         return pod
 
     # -- snapshot agent ---------------------------------------------------------------------------
-    def _gvisor_agent(self, play: WorkspacePlay, pod: PodProcess, path: Path) -> None:
-        """gVisor's side of a workload trigger: read ``1``, snapshot the pod, answer ``resume``."""
-        while True:
-            with open(path) as request:  # blocks until the workload writes its request
-                text = request.read().strip()
-            if self._stop.is_set() or pod.process.poll() is not None:
-                return
-            if text != "1":
-                continue
-            with self._lock:
-                name = self._take_snapshot(pod.pod_uid, "workload")
-            with open(path, "w") as answer:  # the workload reads how it went
-                answer.write("resume" if name else "error")
+    def _gvisor_agent(
+        self, play: WorkspacePlay, pod: PodProcess, agent_end: int, pod_end: int
+    ) -> None:
+        """gVisor's side of a workload trigger: a ``1`` from the pod, a snapshot, ``r``."""
+        try:
+            while not self._stop.is_set() and pod.process.poll() is None:
+                ready, _, _ = select.select([agent_end], [], [], 0.2)
+                if not ready:
+                    continue
+                if os.read(agent_end, 1) != b"1":
+                    continue
+                with self._lock:
+                    name = self._take_snapshot(pod.pod_uid, play.pod_name, "workload")
+                os.write(agent_end, b"r" if name else b"e")
+        finally:
+            os.close(agent_end)
+            os.close(pod_end)
 
-    def _take_snapshot(self, pod_uid: str, trigger: str) -> str:
-        """A ready PodSnapshot of the pod; the pod's processes are what it holds."""
+    def _take_snapshot(self, pod_uid: str, pod_name: str, trigger: str) -> str:
+        """A ready PodSnapshot of the pod, labelled as GKE does with the trigger that asked
+        for it and the pod it was taken of; the pod's processes are what it holds."""
         snapshot = f"{pod_uid[:8]}-{os.urandom(3).hex()}"
         self.custom.create_namespaced_custom_object(
             "podsnapshot.gke.io", "v1", self.namespace, "podsnapshots",
             {
                 "apiVersion": "podsnapshot.gke.io/v1",
                 "kind": "PodSnapshot",
-                "metadata": {"name": snapshot, "labels": {"gke-pod-snapshot-triggered-by": trigger}},
+                "metadata": {"name": snapshot, "labels": {"gke-pod-snapshot-triggered-by": trigger,
+                                                          "podsnapshot.gke.io/origin-pod": pod_name}},
                 "spec": {"policyName": "jupyter-pause"},
             },
         )  # fmt: skip
@@ -561,7 +579,7 @@ class PlayedCluster:
                 self.fail_triggers -= 1
                 self._trigger_status(name, "False", "Error", "checkpoint of the sandbox failed")
                 continue
-            snapshot = self._take_snapshot(pod["metadata"]["uid"], name)
+            snapshot = self._take_snapshot(pod["metadata"]["uid"], play.pod_name, name)
             self._trigger_status(name, "True", "Complete", "snapshot taken", snapshot)
 
     def _trigger_status(
