@@ -279,6 +279,8 @@ class Environment:
                 )
         else:
             snapshot = f"no pod snapshot: {outcome.problem}"
+            for record in running:  # before the pod goes: a cold start reads it from the PVC
+                record.timeline.add("snapshot_missing", mode=outcome.mode, why=outcome.problem)
         for record in running:
             saved = format_bytes((record.checkpoint or {}).get("bytes", 0))
             record.checkpoint = {

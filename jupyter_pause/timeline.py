@@ -18,7 +18,8 @@ EVENT_KINDS = (
     "last_activity",  # end of active work: the last cell run / edit before the pause
     "pause_requested",
     "checkpoint_written",  # data: bytes_written, bytes_total, checkpoint_id
-    "snapshot_taken",  # a pod snapshot of the whole environment (data: name, seconds)
+    "snapshot_taken",  # a pod snapshot of the whole environment (data: name, seconds, mode)
+    "snapshot_missing",  # a pause without a pod snapshot (data: mode, why)
     "kernel_stopped",  # the process (or pod) is gone
     "gpu_released",  # the accelerator is back in the pool (measured where possible)
     "resume_requested",

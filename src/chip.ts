@@ -2,6 +2,7 @@ import { CommandRegistry } from '@lumino/commands';
 import { Widget } from '@lumino/widgets';
 
 import { NotebookPauseModel } from './model';
+import { withBackendNotes } from './backendnotes';
 import { IPauseView } from './view';
 
 /**
@@ -95,7 +96,15 @@ export class PauseChip extends Widget {
   }
 
   private _render(): void {
-    const view = this._model.view;
+    const manager = this._model.manager;
+    const view = {
+      ...this._model.view,
+      tooltip: withBackendNotes(
+        this._model.view.tooltip,
+        manager.status,
+        manager.trans
+      )
+    };
     renderChip(this.node, view);
     if (view.action) {
       this._button.textContent = view.action.label;

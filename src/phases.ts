@@ -260,6 +260,19 @@ function megabytes(bytes: number): string {
     : `${(bytes / 1e6).toFixed(1)} MB`;
 }
 
+const MODES: Record<string, string> = {
+  'gke-workspaces': 'GKE Workspaces add-on',
+  'pod-snapshots': 'GKE Pod Snapshots',
+  'no-snapshots': 'no snapshots'
+};
+
+/**
+ * ` (GKE Workspaces add-on)`: the workspace pause mode an event names, if any.
+ */
+function modeOf(data: Record<string, any>): string {
+  return data.mode ? ` (${MODES[data.mode] ?? data.mode})` : '';
+}
+
 function minutes(seconds: number): string {
   return seconds >= 3600
     ? `${(seconds / 3600).toFixed(1)} h`
@@ -327,6 +340,10 @@ export function describeEvent(event: ITimelineEvent): string {
       return 'Kernel ready';
     case 'first_cell_executed':
       return 'First cell run after the resume';
+    case 'snapshot_taken':
+      return `Pod snapshot ${data.name ?? ''} taken` + modeOf(data);
+    case 'snapshot_missing':
+      return `No pod snapshot${modeOf(data)}: ${data.why ?? 'unknown'}`;
     case 'checkpoint_restored':
       return `Checkpoint ${data.checkpoint_id ?? ''} restored in the notebook`;
     case 'unrestored_kernel_stopped':

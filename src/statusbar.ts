@@ -1,43 +1,9 @@
 import { INotebookTracker } from '@jupyterlab/notebook';
-import { TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
-import { IStatus } from './api';
+import { withBackendNotes } from './backendnotes';
 import { renderChip } from './chip';
 import { PauseManager } from './model';
-
-/**
- * Why the server's backend cannot do all it is named for here, and what it does
- * instead (e.g. the criu backend without a criu binary: pauses stop kernels),
- * in words; null when nothing keeps it from working.
- *
- * @param status The server's status (`GET /jupyter-pause/status`).
- * @param trans The translation bundle.
- * @returns The sentence, or null.
- */
-export function backendProblem(
-  status: IStatus | null,
-  trans: TranslationBundle
-): string | null {
-  const details = status?.resources?.details ?? {};
-  const problem = details['problem'];
-  if (!status || typeof problem !== 'string' || !problem) {
-    return null;
-  }
-  const fallback = details['fallback'];
-  return typeof fallback === 'string' && fallback
-    ? trans.__(
-        'The %1 backend cannot work fully here: %2; %3.',
-        status.backend,
-        problem,
-        fallback
-      )
-    : trans.__(
-        'The %1 backend cannot work fully here: %2.',
-        status.backend,
-        problem
-      );
-}
 
 /**
  * The status bar item: the pause state of the current notebook.
@@ -88,12 +54,16 @@ export class PauseStatusItem extends Widget {
     this._inner.hidden = false;
     const view = this._manager.modelFor(panel).view;
     // The status bar is where a user looks for the server's state: a backend that
-    // quietly does less than its name (criu without criu) is said in the tooltip.
-    const problem = backendProblem(this._manager.status, this._manager.trans);
+    // quietly does less than its name (criu without criu), and how a pause snapshots
+    // the pod (on a cluster), are said in the tooltip.
     renderChip(this._inner, {
       ...view,
       label: this._manager.trans.__('Pause: %1', view.label),
-      tooltip: problem ? `${view.tooltip}\n\n${problem}` : view.tooltip
+      tooltip: withBackendNotes(
+        view.tooltip,
+        this._manager.status,
+        this._manager.trans
+      )
     });
   }
 

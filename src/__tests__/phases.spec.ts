@@ -136,6 +136,21 @@ describe('describeEvent', () => {
     expect(
       describeEvent(ev('checkpoint_restored', 1, { checkpoint_id: 4 }))
     ).toBe('Checkpoint 4 restored in the notebook');
+    expect(
+      describeEvent(
+        ev('snapshot_missing', 1, {
+          mode: 'no-snapshots',
+          why: 'the pod does not run in GKE Sandbox'
+        })
+      )
+    ).toBe(
+      'No pod snapshot (no snapshots): the pod does not run in GKE Sandbox'
+    );
+    expect(
+      describeEvent(
+        ev('snapshot_taken', 1, { name: 'a1b2', mode: 'gke-workspaces' })
+      )
+    ).toBe('Pod snapshot a1b2 taken (GKE Workspaces add-on)');
     for (const kind of ['kernel_ready', 'failed', 'something_new']) {
       expect(describeEvent(ev(kind, 1, { what: 'x' }))).not.toMatch(/[{}[\]]/);
     }

@@ -4,7 +4,8 @@ import { nullTranslator } from '@jupyterlab/translation';
 import { Signal } from '@lumino/signaling';
 
 import { PauseManager } from '../model';
-import { PauseStatusItem, backendProblem } from '../statusbar';
+import { backendMode, backendProblem } from '../backendnotes';
+import { PauseStatusItem } from '../statusbar';
 
 import { STATUS, json, server, session } from './fakes';
 
@@ -108,5 +109,42 @@ describe('backendProblem', () => {
     expect(
       backendProblem(statusOf('criu', { problem: null }), trans)
     ).toBeNull();
+  });
+});
+
+describe('backendMode', () => {
+  const trans = nullTranslator.load('jupyter_pause');
+  const statusOf = (details: Record<string, unknown>) => ({
+    version: '0.1.0',
+    backend: 'workspace',
+    resources: {
+      backend: 'workspace',
+      gpus_total: 1,
+      gpus_free: 0,
+      queue: [],
+      details
+    }
+  });
+
+  it('names how a pause snapshots the pod, and why', () => {
+    expect(
+      backendMode(
+        statusOf({
+          mode: 'no-snapshots',
+          mode_reason: 'the pod does not run in GKE Sandbox'
+        }),
+        trans
+      )
+    ).toBe(
+      'A pause here: no pod snapshot (the checkpoints only; the resume restores from files). the pod does not run in GKE Sandbox.'
+    );
+    expect(backendMode(statusOf({ mode: 'gke-workspaces' }), trans)).toBe(
+      'A pause here: GKE Workspaces (the snapshot add-on snapshots the pod).'
+    );
+  });
+
+  it('is null on a backend without modes', () => {
+    expect(backendMode(statusOf({}), trans)).toBeNull();
+    expect(backendMode(null, trans)).toBeNull();
   });
 });
