@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Bool, Dict, Enum, Float, Int, Unicode, default
+from traitlets import Bool, Dict, Enum, Float, Int, Unicode, default, validate
 
 from . import metrics
 from .backends.base import Backend, BackendError
@@ -108,7 +108,8 @@ class PauseApp(ExtensionApp):
 
     store_root = Unicode(
         help="Folder of the application checkpoints, one subfolder per notebook. Default: "
-        "$JUPYTER_PAUSE_STORE, else <jupyter data dir>/jupyter_pause/checkpoints.",
+        "$JUPYTER_PAUSE_STORE, else <jupyter data dir>/jupyter_pause/checkpoints. A leading ~ "
+        "is the server user's home (so a JSON config can put it on a pod's home volume).",
     ).tag(config=True)
 
     idle_pause_minutes = Float(
@@ -205,6 +206,11 @@ class PauseApp(ExtensionApp):
     @default("store_root")
     def _default_store_root(self) -> str:
         return str(default_store_root())
+
+    @validate("store_root")
+    def _expand_store_root(self, proposal: Any) -> str:
+        # JSON config cannot call os.path.expanduser; "~/..." is expanded here instead.
+        return os.path.expanduser(proposal["value"])
 
     def policy(self, gpus_total: int) -> Policy:
         per_kernel = self.gpus_per_kernel
