@@ -8,10 +8,18 @@ imported only here so that the other commands stay fast. What they show:
   writes (how the last pause went; how the last restore went, for which pod);
 * its pod, found by the ``notebooks.kubeflow.org/workspace-name`` label: ``Pending`` with
   ``PodScheduled=False``/``Unschedulable`` is ``waiting-for-resources``, with the scheduler's
-  reason and how long the pod has waited.
+  reason and how long the pod has waited;
+* the Workspace's own ``status.state`` and ``status.stateMessage`` (the Notebooks controller's
+  word: Running, Pending, Paused, Error...) and the pause **mode** the server recorded
+  (``gke-workspaces``, ``pod-snapshots``, ``no-snapshots``).
+
+An ``Error`` state (the controller's: ImagePullBackOff, CrashLoopBackOff, an invalid
+WorkspaceKind; or the pod's own container waiting on one of those) is ``error``: nothing comes
+of waiting for it until someone fixes the cause.
 
 ``resume`` unpauses the Workspace (unless it already is: a second resume joins the first)
-and follows the pod until the server in it reports the restore of every notebook.
+and follows the pod until the server in it reports the restore of every notebook; it stops at
+once on ``error``, naming it (exit 1).
 """
 
 from __future__ import annotations
@@ -51,6 +59,16 @@ KUBE_EXIT_CODES = {
 }
 POLL_SECONDS = 0.5
 DONE = ("ready", "partial", "failed")
+#: The Workspace ``status.state`` (Kubeflow Notebooks v2) that no waiting will end.
+WORKSPACE_ERROR = "Error"
+#: Reasons a pod's container waits on that do not pass by themselves (the kubelet backs off and
+#: tries again, the same way): the Notebooks controller's Error cases, and two it leaves Pending.
+STUCK_REASONS = (
+    "ImagePullBackOff",
+    "CrashLoopBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+)
 
 
 def connect(args: argparse.Namespace) -> tuple[Kube, str, str]:
@@ -84,17 +102,27 @@ def view(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
         if not (p.get("metadata") or {}).get("deletionTimestamp")
     ]
     pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", default=None)
+    status = workspace.get("status") or {}
     record: dict[str, Any] = {
         "workspace": f"{namespace}/{name}",
         "paused": paused,
         "pod": None if pod is None else pod["metadata"]["name"],
         "recorded": recorded,
         "waited_seconds": None,
+        # The Notebooks controller's own word on the Workspace, and how it pauses (the mode the
+        # server recorded at the last pause).
+        "workspace_state": status.get("state"),
+        "workspace_message": status.get("stateMessage"),
+        "mode": recorded.get("mode") or None,
+        "mode_reason": recorded.get("mode_reason") or None,
     }
     if paused:
         if pod is not None:
             return {**record, "state": "pausing", "message": "The pod is being stopped."}
         return {**record, "state": "paused", "message": paused_message(recorded)}
+    error = error_message(status, pod)
+    if error:
+        return {**record, "state": "error", "message": error}
     if pod is None:
         return {**record, "state": "resuming", "message": "Waiting for the pod to be created."}
     facts = facts_of(pod)
@@ -114,6 +142,26 @@ def view(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
         return {**record, "state": "restoring", "message": "The pod is starting its server."}
     state = recorded.get("state") or "restoring"
     return {**record, "state": state, "message": restored_message(recorded)}
+
+
+def error_message(status: dict[str, Any], pod: dict[str, Any] | None) -> str:
+    """Why the Workspace cannot run, as the controller and the pod say it; "" when it can."""
+    stuck = ""
+    pod = pod or {}
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_REASONS:
+            detail = waiting.get("message") or ""
+            stuck = f"container {container.get('name')}: {waiting['reason']}" + (
+                f" ({detail})" if detail else ""
+            )
+            break
+    if status.get("state") == WORKSPACE_ERROR:
+        said = status.get("stateMessage") or "no message"
+        return f"The Workspace is in Error: {said}" + (f"; {stuck}" if stuck else "") + "."
+    if stuck:
+        return f"The pod {(pod.get('metadata') or {}).get('name')} cannot start: {stuck}."
+    return ""
 
 
 def paused_message(recorded: dict[str, Any]) -> str:
@@ -149,6 +197,20 @@ def line(record: dict[str, Any]) -> str:
     return text
 
 
+def details(record: dict[str, Any]) -> list[str]:
+    """The lines ``status --workspace`` adds: the controller's state, the pause mode."""
+    lines = []
+    if record.get("workspace_state"):
+        said = record.get("workspace_message")
+        lines.append(
+            f"  Workspace state: {record['workspace_state']}" + (f" ({said})" if said else "")
+        )
+    if record.get("mode"):
+        why = record.get("mode_reason")
+        lines.append(f"  Pause mode: {record['mode']}" + (f" ({why})" if why else ""))
+    return lines
+
+
 class Follower:
     """Prints each new state on stderr; a waiting line again every few seconds (its time)."""
 
@@ -175,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
             if args.json:
                 print_json(record)
             else:
-                print(line(record))
+                print("\n".join([line(record), *details(record)]))
             return EXIT_OK
         return resume(kube, namespace, name, args)
     except KubeError as err:
@@ -189,6 +251,8 @@ def resume(kube: Kube, namespace: str, name: str, args: argparse.Namespace) -> i
     record = view(kube, namespace, name)
     if record["paused"]:
         kube.patch_workspace(namespace, name, {"spec": {"paused": False}})
+    elif record["state"] == "error":
+        return stuck(record, args)
     elif record["state"] in (*DONE, "running"):
         if not args.json:
             print(f"{record['workspace']} is running: {record['message']}")
@@ -203,6 +267,8 @@ def resume(kube: Kube, namespace: str, name: str, args: argparse.Namespace) -> i
         follower.show(record)
         if record["state"] in DONE:
             break
+        if record["state"] == "error":  # no waiting ends it: say so now, not at the timeout
+            return stuck(record, args)
         if deadline is not None and time.monotonic() > deadline:
             raise CliError(
                 f"Timed out after {args.timeout:g} s: {record['workspace']} is "
@@ -216,3 +282,21 @@ def resume(kube: Kube, namespace: str, name: str, args: argparse.Namespace) -> i
         took = format_duration(time.monotonic() - started)
         print(f"Resumed {record['workspace']} in {took}: {record['message']}")
     return EXIT_OK if record["state"] == "ready" else EXIT_FAILED
+
+
+def stuck(record: dict[str, Any], args: argparse.Namespace) -> int:
+    """A resume that cannot finish (the Workspace is in Error): what is wrong, exit 1."""
+    if args.json:
+        print_json(record)
+        return EXIT_FAILED
+    namespace, _, name = record["workspace"].partition("/")
+    look = (
+        f"kubectl describe pod -n {namespace} {record['pod']}"
+        if record["pod"]
+        else f"kubectl describe workspace -n {namespace} {name}"
+    )
+    raise CliError(
+        f"{record['workspace']} cannot resume: {record['message']} Waiting would not end it: "
+        f"fix the cause ({look}), then resume again, or pause the Workspace.",
+        EXIT_FAILED,
+    )
