@@ -8,12 +8,18 @@
 * ``gke_addon``: the real GKE Workspaces snapshot add-on on ``upstream_control_plane``, from the
   first test that asks for it to the end of the session (its webhooks see every namespace; it
   acts only on Workspaces or WorkspaceKinds annotated ``podsnapshot.gke.kubeflow.org/enabled``).
+* ``real_chain``: a namespace of ``upstream_control_plane`` (with the shipped RBAC of each mode
+  it uses) and the parts that cannot run here played on the real components
+  (``real_players.py``: the Workspace controller, the kubelet, GKE's node agent). A test that
+  wants the add-on asks for ``gke_addon`` before it, so its webhooks are registered before the
+  first pod.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +34,7 @@ from .control_plane import (
     kube_binary,
 )
 from .players import PlayedCluster
+from .real_players import RealPlayedCluster, real_played_cluster
 
 _numbers = itertools.count(1)
 
@@ -86,3 +93,10 @@ def cluster(control_plane: ControlPlane) -> Iterator[PlayedCluster]:
         yield played
     finally:
         played.close()
+
+
+@pytest.fixture
+def real_chain(upstream_control_plane: ControlPlane, tmp_path: Path) -> Iterator[RealPlayedCluster]:
+    """A fresh namespace on the real components, the rest of the cluster played."""
+    with real_played_cluster(upstream_control_plane, tmp_path) as played:
+        yield played

@@ -549,11 +549,14 @@ class ControlPlane:
         with self.admin.api_client() as api:
             client.CoreV1Api(api).delete_node(name)
 
-    def provide_claim(self, namespace: str, claim: str, size: str = "1Gi") -> None:
+    def provide_claim(
+        self, namespace: str, claim: str, size: str = "1Gi", host_path: Path | None = None
+    ) -> None:
         """A PersistentVolumeClaim ``claim`` (a Workspace's home volume) and a volume for it, bound
         by the real PV controller; returns once it is Bound. There is no provisioner here, and
-        the scheduler refuses a pod whose claim is unbound; the volume is a hostPath no kubelet
-        will mount, pre-bound to the claim as an admin would."""
+        the scheduler refuses a pod whose claim is unbound; the volume is a hostPath, pre-bound to
+        the claim as an admin would: ``host_path`` (a folder of the test's, which a played kubelet
+        mounts, ``real_players.py``), else a path no kubelet mounts."""
         from kubernetes import client
 
         volume = f"{namespace}-{claim}"
@@ -567,7 +570,10 @@ class ControlPlane:
                         "accessModes": ["ReadWriteOnce"],
                         "persistentVolumeReclaimPolicy": "Retain",
                         "storageClassName": "",
-                        "hostPath": {"path": f"/var/lib/jupyter-pause-tests/{volume}"},
+                        # host_path: a folder of the test's, which a played kubelet mounts
+                        "hostPath": {
+                            "path": str(host_path or f"/var/lib/jupyter-pause-tests/{volume}")
+                        },
                         "claimRef": {"namespace": namespace, "name": claim},
                     },
                 }
