@@ -251,6 +251,7 @@ class Environment:
             "server_token": self.token,
             "instance": instance,
             "mode": outcome.mode,
+            "mode_reason": outcome.mode_reason,
             "snapshot": outcome.name,
             "snapshot_problem": outcome.problem,
             "snapshot_seconds": round(outcome.seconds, 3),
@@ -404,6 +405,8 @@ class Environment:
         disk = await self.read()
         await self.write({**disk, "state": "running"})
         summary = {
+            # how the pause that ended here was taken (a cold start after a SIGTERM: none)
+            **{key: disk[key] for key in ("mode", "mode_reason") if disk.get(key)},
             "state": overall,
             "how": "live" if hows == {"live"} else "files",
             "reason": note,

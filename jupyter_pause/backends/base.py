@@ -140,6 +140,7 @@ class SnapshotOutcome:
     # resumes a restored process where the snapshot was taken: inside this call).
     resumed_from_snapshot: bool = False
     mode: str = ""  # how the platform snapshots it (the workspace backend's mode), named
+    mode_reason: str = ""  # why that mode (what the cluster showed)
     details: dict[str, Any] = field(default_factory=dict)  # what the snapshot took (bytes)
 
 

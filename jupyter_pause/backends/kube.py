@@ -101,8 +101,9 @@ def _explain(err: Any, verb: str, resource: Resource, namespace: str, name: str)
         group = f' in API group "{resource.group}"' if resource.group else ""
         return KubeError(
             f'forbidden: RBAC does not allow the verb "{verb}" on "{resource.plural}"{group}'
-            f"{where} ({message}); grant it with a Role (deploy/rbac.yaml for the server in "
-            "a workspace, deploy/rbac-user.yaml for jupyter pause --workspace)",
+            f"{where} ({message}); grant it as shipped: for the server in a workspace, its "
+            "mode's deploy/modes/<mode>/clusterrole.yaml and rbac-workspace.yaml; for "
+            "jupyter pause --workspace, deploy/rbac-user.yaml",
             "forbidden",
             403,
         )

@@ -67,6 +67,11 @@ RESTORED_CONDITION = "PodRestored"
 GVISOR_CHECKPOINT = "/proc/gvisor/checkpoint"
 
 
+#: The mode's reason until the pod and its Workspace have been read (at start, in the
+#: background: the server serves meanwhile).
+NOT_DETECTED = "not known yet: the pod and its Workspace are being read"
+
+
 @dataclass
 class WorkspaceSettings:
     """Where the pod is and how to reach the API server (admin traits of PauseApp)."""
@@ -109,7 +114,7 @@ class WorkspaceBackend(EnvironmentBackend):
         self.problem: str | None = None  # why the cluster cannot be used now, named
         self._connecting: asyncio.Future[None] | None = None
         # How a pause snapshots this pod (detected at start, again at each pause).
-        self.mode = ModeChoice(NO_SNAPSHOTS, "the cluster has not been asked yet")
+        self.mode = ModeChoice(NO_SNAPSHOTS, NOT_DETECTED)
         self._pausing: SnapshotMode | None = None  # the mode of the pause in flight
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -235,7 +240,7 @@ class WorkspaceBackend(EnvironmentBackend):
             return SnapshotOutcome(None, f"no pod snapshot: {err}", mode=NO_SNAPSHOTS)
         self._pausing = mode
         outcome = await mode.snapshot(on_phase)
-        outcome.mode = mode.name
+        outcome.mode, outcome.mode_reason = mode.name, mode.choice.why
         if outcome.name is not None and not outcome.resumed_from_snapshot:
             # Here since the snapshot: still the pod that paused, or already a restored one?
             try:

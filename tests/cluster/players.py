@@ -43,6 +43,7 @@ import psutil
 
 from ..server_process import free_port, server_config, spawn_server, wait_serving
 from .control_plane import AUDIENCE, ControlPlane
+from .deploy_manifests import install_workspace_rbac
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -171,6 +172,7 @@ class PlayedCluster:
         self.blockers = 0  # GPUs another team's pods hold (the "GPU is scarce" case)
         self.restore_mode = "live"  # live | mismatch | silent
         self.fail_triggers = 0  # the snapshot agent fails this many triggers first
+        self.trigger_outcomes: list[tuple[str, str]] = []  # (trigger, reason), as answered
         # What deploy/gvisor-admission-policy.yaml does on GKE (1.20 has no admission
         # policies): the Workspace's pods run in gVisor. False: a node pool without it.
         self.gvisor_admission = True
@@ -185,7 +187,6 @@ class PlayedCluster:
         from kubernetes import client
 
         self.core.create_namespace(client.V1Namespace(metadata={"name": self.namespace}))
-        self.control_plane.apply_file(DEPLOY / "rbac.yaml", NAMESPACE=self.namespace)
         # GKE Sandbox's runtime class, as GKE has it (pods naming a missing one are refused).
         with contextlib.suppress(client.exceptions.ApiException):  # 409: made by another test
             client.NodeV1Api(self.api).create_runtime_class(
@@ -213,12 +214,11 @@ class PlayedCluster:
     def create_workspace(
         self, name: str, home: Path, gpus: int = 1, grace: float = 30.0
     ) -> WorkspacePlay:
-        from kubernetes import client
 
         account = f"ws-{name}"  # the Workspace controller's service account per Workspace
-        self.core.create_namespaced_service_account(
-            self.namespace, client.V1ServiceAccount(metadata={"name": account})
-        )
+        # Its RBAC as shipped for the pod-snapshots mode (the ClusterRole bound to the
+        # Workspace's own account, and deploy/modes/.../rbac-workspace.yaml stamped for it).
+        install_workspace_rbac(self.control_plane, "pod-snapshots", self.namespace, name)
         self.custom.create_namespaced_custom_object(
             "kubeflow.org",
             "v1beta1",
@@ -486,7 +486,10 @@ class PlayedCluster:
         gvisor = Path(os.ttyname(pod_end))
         config = workdir / "jupyter_server_config.py"
         config.write_text(
-            f"load_subconfig({str(DEPLOY / 'jupyter_server_config.py')!r})  # as the image does\n"
+            # deploy/jupyter_server_config.json, as the image's /etc/jupyter holds it (a
+            # --config file is the only one jupyter_server reads, so it is merged here first)
+            "import json\nfrom traitlets.config import Config\n"
+            f"c.merge(Config(json.load(open({str(DEPLOY / 'jupyter_server_config.json')!r}))))\n"
             "import faulthandler, signal\n"  # SIGUSR2: every thread's stack in the log
             "faulthandler.register(signal.SIGUSR2, all_threads=True)\n"
             f"c.PauseApp.service_account_dir = {str(accounts)!r}\n"
@@ -585,6 +588,7 @@ class PlayedCluster:
     def _trigger_status(
         self, name: str, status: str, reason: str, message: str, snapshot: str | None = None
     ) -> None:
+        self.trigger_outcomes.append((name, reason))
         body: dict[str, Any] = {
             "status": {
                 "conditions": [
@@ -635,20 +639,58 @@ class PlayedCluster:
         return path
 
     def edit_role(self, play: WorkspacePlay, drop: dict[str, str]) -> None:
-        """An admin takes verbs from the shipped Role (resource -> verb); returns once the API
-        server refuses each of them to ``play``'s pod, asked with that pod's own token."""
+        """An admin takes verbs from the shipped RBAC (resource -> verb); returns once the API
+        server refuses each of them to ``play``'s pod, asked with that pod's own token.
+
+        Workspace verbs are in the Workspace's own Role; the snapshot verbs in the mode's
+        ClusterRole, which every namespace shares: the admin binds a namespaced copy without
+        the dropped verbs in its place."""
         from kubernetes import client
 
         rbac = client.RbacAuthorizationV1Api(self.api)
-        role = rbac.read_namespaced_role("jupyter-pause-workspace", self.namespace)
-        rules = []
-        for rule in self.api.sanitize_for_serialization(role)["rules"]:
-            verbs = [v for v in rule["verbs"] if drop.get(rule["resources"][0]) != v]
-            if verbs:
-                rules.append({**rule, "verbs": verbs})
+
+        def without(rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            kept = []
+            for rule in rules:
+                verbs = [v for v in rule["verbs"] if drop.get(rule["resources"][0]) != v]
+                if verbs:
+                    kept.append({**rule, "verbs": verbs})
+            return kept
+
+        own = f"jupyter-pause-ws-{play.name}"
+        role = self.api.sanitize_for_serialization(rbac.read_namespaced_role(own, self.namespace))
         rbac.patch_namespaced_role(
-            "jupyter-pause-workspace", self.namespace, {"rules": rules}, _content_type=MERGE
+            own, self.namespace, {"rules": without(role["rules"])}, _content_type=MERGE
         )
+        if any(resource != "workspaces" for resource in drop):
+            shared = "jupyter-pause-pod-snapshots"
+            edited = f"{shared}-edited"
+            cluster_role = self.api.sanitize_for_serialization(rbac.read_cluster_role(shared))
+            rbac.create_namespaced_role(
+                self.namespace,
+                {"metadata": {"name": edited}, "rules": without(cluster_role["rules"])},
+            )
+            rbac.delete_namespaced_role_binding(
+                f"{play.service_account}-{shared}"[:63], self.namespace
+            )
+            rbac.create_namespaced_role_binding(
+                self.namespace,
+                {
+                    "metadata": {"name": edited},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "Role",
+                        "name": edited,
+                    },
+                    "subjects": [
+                        {
+                            "kind": "ServiceAccount",
+                            "name": play.service_account,
+                            "namespace": self.namespace,
+                        }
+                    ],
+                },
+            )
         # A SelfSubjectAccessReview sent with the token the pod's server calls with: the API
         # server judges exactly the identity (user and every group it authenticates to) that
         # the pause will use, which a SubjectAccessReview written by the admin only imitates.
@@ -665,7 +707,12 @@ class PlayedCluster:
                 review = client.V1SelfSubjectAccessReview(
                     spec=client.V1SelfSubjectAccessReviewSpec(
                         resource_attributes=client.V1ResourceAttributes(
-                            namespace=self.namespace, verb=verb, group=group, resource=resource
+                            namespace=self.namespace,
+                            verb=verb,
+                            group=group,
+                            resource=resource,
+                            # the Workspace's own Role names it (resourceNames): ask by name
+                            name=play.name if resource == "workspaces" else None,
                         )
                     )
                 )

@@ -2,7 +2,7 @@
 
 Every "pod" is a real jupyter server with real kernels on this machine; it talks to the API
 server with a service-account token from the TokenRequest API, bound only to the shipped
-Role (deploy/rbac.yaml). Given/When/Then; the data's checksum is compared after every return.
+RBAC (deploy/modes/pod-snapshots/: the mode's ClusterRole and the Workspace's own Role). Given/When/Then; the data's checksum is compared after every return.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
+
+from jupyter_pause.backends.workspace import NOT_DETECTED
 
 from .control_plane import ControlPlane
 from .notebooks import RemoteServer
-from .players import ROOT, PlayedCluster, WorkspacePlay, wait_for
+from .players import PlayedCluster, WorkspacePlay, wait_for
 
 DATA_CELL = """
 import hashlib, os, numpy as np
@@ -369,10 +370,11 @@ def test_a_forbidden_pause_names_the_rbac_verb_and_the_kernel_keeps_running(
     # When the notebook is paused
     code, _ = server.request("POST", "/jupyter-pause/pause/a.ipynb")
     assert code == 202
-    record = server.wait_state("a.ipynb", "active", "paused")
+    # (the records say "paused" on the volume just before the Workspace is patched, since the
+    # pod may go right after; a refused patch sets them back: wait for where it ends)
+    record = server.wait_state("a.ipynb", "active")
 
     # Then the pause fails, naming the verbs RBAC refused, and the session keeps running
-    assert record["state"] == "active", record
     assert 'the verb "patch" on "workspaces" in API group "kubeflow.org"' in record["error"]["what"]
     assert "The session keeps running." in record["message"]
     _, timeline = server.request("GET", "/jupyter-pause/timeline/a.ipynb")
@@ -487,12 +489,11 @@ def test_pod_snapshots_are_listed_counted_and_expired_never_the_pinned_one(
         pod = workspace.current.pod_uid
         assert server.wait_state("a.ipynb", "ready", "partial", "failed")["how"] == "live"
 
-    # Then the failed trigger was replaced by a new one, and each pause took a snapshot
-    triggers = cluster.custom.list_namespaced_custom_object(
-        "podsnapshot.gke.io", "v1", cluster.namespace, "podsnapshotmanualtriggers"
-    )["items"]
-    outcomes = sorted(t["status"]["conditions"][0]["reason"] for t in triggers)
+    # Then the failed trigger was replaced by a new one, each pause took a snapshot, and
+    # every trigger, spent, was deleted (GKE keeps them)
+    outcomes = sorted(reason for _trigger, reason in cluster.trigger_outcomes)
     assert outcomes == ["Complete", "Complete", "Error"], outcomes
+    assert custom_objects(cluster, "podsnapshotmanualtriggers") == []
     _, timeline = server.request("GET", "/jupyter-pause/timeline/a.ipynb")
     assert timeline["accounting"]["snapshots"] == 2
     # And retention kept only the newest, the one the next resume restores
@@ -520,38 +521,6 @@ def test_pod_snapshots_are_listed_counted_and_expired_never_the_pinned_one(
     code, again = server.request("POST", "/jupyter-pause/gc")
     assert code == 200 and again["snapshots"] == {"deleted": [], "problem": None}
     assert server.run(kernel_id, CHECKSUM_CELL) == expected
-
-
-def test_the_shipped_manifests_hold_only_fields_the_documented_crds_know(
-    control_plane: ControlPlane,
-) -> None:
-    from kubernetes import client
-
-    # When the shipped WorkspaceKind, snapshot storage and policy are created
-    control_plane.apply_file(ROOT / "deploy" / "workspacekind.yaml")
-    control_plane.apply_file(ROOT / "deploy" / "podsnapshot-storage.yaml", BUCKET="a-bucket")
-    core = client.CoreV1Api(control_plane.admin.api_client())
-    core.create_namespace(client.V1Namespace(metadata={"name": "manifests"}))
-    control_plane.apply_file(ROOT / "deploy" / "podsnapshot-policy.yaml", NAMESPACE="manifests")
-
-    # Then the API server kept every field (a field the CRD does not know would be pruned)
-    custom = client.CustomObjectsApi(control_plane.admin.api_client())
-    kind = custom.get_cluster_custom_object(
-        "kubeflow.org", "v1beta1", "workspacekinds", "jupyterlab-pause"
-    )
-    shipped = yaml.safe_load((ROOT / "deploy" / "workspacekind.yaml").read_text())
-    assert kind["spec"] == shipped["spec"]
-    probe = kind["spec"]["podTemplate"]["activityProbe"]
-    assert probe["jupyter"] == {"lastActivity": True, "portId": "jupyterlab"}
-    env = {e["name"]: e for e in kind["spec"]["podTemplate"]["extraEnv"]}
-    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
-    policy = custom.get_namespaced_custom_object(
-        "podsnapshot.gke.io", "v1", "manifests", "podsnapshotpolicies", "jupyter-pause"
-    )
-    labels = kind["spec"]["podTemplate"]["podMetadata"]["labels"]
-    assert policy["spec"]["selector"]["matchLabels"].items() <= labels.items()  # it selects them
-    assert policy["spec"]["triggerConfig"] == {"type": "manual", "postCheckpoint": "resume"}
 
 
 def test_a_missing_crd_is_named(control_plane: ControlPlane) -> None:
@@ -641,3 +610,94 @@ def test_status_of_a_running_workspace_never_paused(
     assert status.returncode == 0 and json.loads(status.stdout)["state"] == "running"
     assert resumed.returncode == 0 and "is running" in resumed.stdout
     assert workspace.pods_created == 1
+
+
+def custom_objects(cluster: PlayedCluster, plural: str) -> list[dict]:
+    return cluster.custom.list_namespaced_custom_object(
+        "podsnapshot.gke.io", "v1", cluster.namespace, plural
+    )["items"]
+
+
+def test_a_pod_outside_gvisor_is_named_and_paused_with_its_checkpoints_only(
+    cluster: PlayedCluster, tmp_path: Path
+) -> None:
+    # Given a policy selecting the workspace's pods, on a node pool without GKE Sandbox:
+    # the pod does not run in gVisor, so GKE cannot snapshot it
+    cluster.create_policy("manual")
+    cluster.gvisor_admission = False
+    play = cluster.create_workspace("lab", tmp_path / "home")
+    server = running(cluster, play)
+    _, expected = notebook_with_data(server, "a.ipynb")
+
+    # Then the status names the mode, and why, before anyone pauses (once the server has
+    # read its pod, which it does in the background as it starts)
+    def detected() -> dict | None:
+        details = server.request("GET", "/jupyter-pause/status")[1]["resources"]["details"]
+        return details if details["mode_reason"] != NOT_DETECTED else None
+
+    details = wait_for(detected, 30, "the pause mode to be detected")
+    assert details["mode"] == "no-snapshots", details
+    assert "does not run in GKE Sandbox" in details["mode_reason"]
+
+    # When it is paused
+    pause_workspace(cluster, play, "a.ipynb")
+
+    # Then no snapshot was asked for (no trigger, no PodSnapshot), the timeline says why
+    assert custom_objects(cluster, "podsnapshotmanualtriggers") == []
+    assert cluster.snapshot_names() == []
+    recorded = cluster.state_annotation("lab")
+    assert recorded["mode"] == "no-snapshots" and "gVisor" in recorded["snapshot_problem"]
+    # and the resume restores from files
+    resume_from_outside(cluster, play, tmp_path)
+    server = running(cluster, play)
+    ready = server.wait_state("a.ipynb", "ready", "partial", "failed")
+    assert ready["how"] == "files", ready
+    assert server.run(ready["kernel_id"], CHECKSUM_CELL) == expected
+    after = cluster.state_annotation("lab")  # what jupyter pause status --workspace reads
+    assert after["state"] == "ready" and after["mode"] == "no-snapshots", after
+    assert "GKE Sandbox" in after["mode_reason"]
+    # (written before the pod went: the timeline the new pod reads from the volume has it)
+    (missing,) = [e for e in kinds_and_data(server, "a.ipynb") if e["kind"] == "snapshot_missing"]
+    assert missing["data"]["mode"] == "no-snapshots" and "gVisor" in missing["data"]["why"]
+
+
+def kinds_and_data(server: RemoteServer, path: str) -> list[dict]:
+    code, timeline = server.request("GET", f"/jupyter-pause/timeline/{path}")
+    assert code == 200
+    return timeline["events"]
+
+
+def test_spent_triggers_go_and_a_pause_without_a_snapshot_leaves_none_older_to_restore(
+    cluster: PlayedCluster, workspace: WorkspacePlay, tmp_path: Path
+) -> None:
+    # Given a workspace paused once with a pod snapshot and resumed live from it
+    server = running(cluster, workspace)
+    first_pod = workspace.current.pod_uid
+    kernel_id, expected = notebook_with_data(server, "a.ipynb")
+    pause_workspace(cluster, workspace, "a.ipynb")
+    (older,) = cluster.snapshot_names()
+    assert custom_objects(cluster, "podsnapshotmanualtriggers") == []  # spent: deleted
+    resume_from_outside(cluster, workspace, tmp_path)
+    server = running(cluster, workspace, previous=first_pod)
+    assert server.wait_state("a.ipynb", "ready", "partial", "failed")["how"] == "live"
+    second_pod = workspace.current.pod_uid
+    server.run(kernel_id, "data = data * 2\nmarker = 'after the first resume'")
+    expected = server.run(kernel_id, CHECKSUM_CELL)
+
+    # When the next pause's snapshot fails (both tries)
+    cluster.fail_triggers = 2
+    pause_workspace(cluster, workspace, "a.ipynb")
+
+    # Then no pin is left (GKE would restore the newest matching snapshot into an unpinned
+    # pod: the older one, from before the first resume), and that older one is gone too
+    annotations = cluster.workspace("lab")["spec"]["podTemplate"]["podMetadata"].get("annotations")
+    assert not (annotations or {}).get("podsnapshot.gke.io/ps-name"), annotations
+    assert older not in cluster.snapshot_names()
+    assert custom_objects(cluster, "podsnapshotmanualtriggers") == []
+    # and the resume restores from files the state of the second pause, not the first's
+    resume_from_outside(cluster, workspace, tmp_path)
+    server = running(cluster, workspace, previous=second_pod)
+    ready = server.wait_state("a.ipynb", "ready", "partial", "failed")
+    assert ready["how"] == "files", ready
+    assert server.run(ready["kernel_id"], CHECKSUM_CELL) == expected
+    assert server.run(ready["kernel_id"], "print(marker)") == "after the first resume\n"
