@@ -61,7 +61,10 @@ def cold_start_reason(disk: dict[str, Any], facts: EnvironmentFacts | None, erro
             "the platform stopped the pod (SIGTERM: an idle pause, a node drain or an upgrade) "
             "after every notebook was checkpointed; no pod snapshot is taken then"
         )
-    snapshot = disk.get("snapshot")
+    # The pod's pin names the snapshot where the pause could not write it down: a platform
+    # that stops the pod right after its snapshot (the GKE Workspaces add-on) stopped this
+    # server before it knew the snapshot's name.
+    snapshot = disk.get("snapshot") or (facts.pinned_snapshot if facts else None)
     if not snapshot:
         return f"no pod snapshot was taken at the pause ({disk.get('snapshot_problem') or 'none'})"
     if facts is None:
@@ -165,7 +168,7 @@ class Environment:
             try:
                 facts = await self.backend.environment_facts()
             except BackendError as err:
-                self._abort(running, f"the workspace cannot be paused: {err}")
+                await self._abort(running, f"the workspace cannot be paused: {err}")
                 return
             tokens: dict[str, str | None] = {}  # of each kernel, from its pause checkpoint
             for record in running:
@@ -174,7 +177,7 @@ class Environment:
                         record, reason="pause", then="checkpointing"
                     )
                 except Conflict as err:
-                    self._abort(running, f"{record.path} could not be checkpointed: {err}")
+                    await self._abort(running, f"{record.path} could not be checkpointed: {err}")
                     return
             for record in running:
                 self.o._set(
@@ -189,13 +192,32 @@ class Environment:
                     record.message = text
                     record.progress = {"phase": text, "done": 0, "total": 0}
 
-            # Chosen before the snapshot: a copy restored from it knows them too.
+            # Chosen before the snapshot, and on the volume before it is taken: a copy restored
+            # from it knows them, and finds them there (a platform that stops the pod right
+            # after its snapshot, as the GKE Workspaces add-on's policy does, restores the
+            # process inside snapshot_environment, before anything after it was written).
             pause_id, at = secrets.token_hex(8), time.time()
+            mode, why = await self.backend.pause_mode()
+            unfinished = SnapshotOutcome(
+                None,
+                "the pod stopped before its snapshot was ready",
+                mode=mode,
+                mode_reason=why,
+            )
+            await self.write(
+                self._state(running, reason, origin, facts.instance, unfinished, pause_id, at)
+            )
             outcome = await self.backend.snapshot_environment(on_phase)
             state = self._state(running, reason, origin, facts.instance, outcome, pause_id, at)
             if outcome.resumed_from_snapshot:
-                # The platform restores a snapshot where it was taken: this is the restored copy.
+                # This is the restored copy: the pause happened (its kernels' tokens recorded
+                # as at any pause), now prove what came back.
+                self._mark_paused(running, state, outcome, tokens)
                 self.paused_here = state
+                for record in running:  # the pause is over: its resume may begin
+                    if self.o._tasks.get(record.path) is self.pausing:
+                        self.o._tasks.pop(record.path)
+                await self.write(state)  # what the provisional record could not say yet
                 await self._after_restore(await self.backend.environment_facts())
                 return
             await self.write(state)
@@ -206,8 +228,7 @@ class Environment:
             try:
                 await self.backend.stop_environment(state)
             except BackendError as err:
-                await self.write({**state, "state": "running"})
-                self._abort(running, f"the workspace could not be paused: {err}")
+                await self._abort(running, f"the workspace could not be paused: {err}")
                 return
             self.paused_here = state
             for record in running:
@@ -223,7 +244,7 @@ class Environment:
                 metrics.pause_finished("paused")
         except Exception as err:  # a bug must leave the sessions running, and say so
             log.exception("jupyter_pause: the workspace pause failed")
-            self._abort(running, f"unexpected error ({type(err).__name__}: {err})")
+            await self._abort(running, f"unexpected error ({type(err).__name__}: {err})")
             return
         finally:
             for record in running:
@@ -299,8 +320,12 @@ class Environment:
                 unrestored_kernel=False,
             )
 
-    def _abort(self, running: list[SessionRecord], what: str) -> None:
+    async def _abort(self, running: list[SessionRecord], what: str) -> None:
         """A pause that cannot finish: every kernel keeps running, each record says why."""
+        disk = await self.read()  # "paused" from before the snapshot on: no more
+        if disk.get("state") == "paused":
+            with contextlib.suppress(OSError):
+                await self.write({**disk, "state": "running"})
         for record in running:
             intact = self.o._intact_text(record.checkpoint)
             record.timeline.add("failed", what=f"pause: {what}")

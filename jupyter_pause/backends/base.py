@@ -174,6 +174,11 @@ class EnvironmentBackend(Backend):
     async def snapshot_environment(self, on_phase: PhaseCallback) -> SnapshotOutcome:
         """Snapshot the environment's memory where the platform can; never raises for that."""
 
+    async def pause_mode(self) -> tuple[str, str]:
+        """(mode, why) of the snapshot a pause would take now; ("", "") for a backend with one
+        way only. Recorded before the snapshot, which may stop this process."""
+        return "", ""
+
     @abc.abstractmethod
     async def stop_environment(self, state: dict[str, Any]) -> None:
         """Ask the platform to stop the environment (and give its accelerators back).

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from .base import PhaseCallback, SnapshotInfo, SnapshotOutcome
-from .kube import STATE_ANNOTATION, KubeError, condition
+from .kube import PIN_ANNOTATION, STATE_ANNOTATION, KubeError, condition
 from .pod_snapshots import snapshot_outcome, trigger_outcome
 from .workspace_modes import GKE_WORKSPACES, SnapshotMode
 
@@ -45,6 +45,7 @@ class AddonMode(SnapshotMode):
     """The add-on snapshots; a pause is ``spec.paused: true``, followed to its outcome."""
 
     name = GKE_WORKSPACES
+    followed: str | None = None  # the add-on's PodSnapshot, once its trigger named it
 
     async def snapshot(self, on_phase: PhaseCallback) -> SnapshotOutcome:
         target = self.target
@@ -56,9 +57,25 @@ class AddonMode(SnapshotMode):
         except KubeError as err:
             return SnapshotOutcome(None, f"the pause could not be asked for: {err}")
         problem = f"the add-on made no snapshot in {target.timeout_seconds:.0f} s"
+        self.followed = None
         while time.monotonic() < deadline:
             waited = time.monotonic() - started
             try:
+                restored_in = await self._restored_elsewhere()
+                if restored_in is not None:
+                    # The add-on's policy stops the pod right after its snapshot: this process
+                    # was frozen in this loop and runs again in the pod restored from it (the
+                    # add-on pinned the snapshot on that pod; frozen before the trigger named
+                    # it, this loop may not know it otherwise).
+                    pin = ((restored_in.get("metadata") or {}).get("annotations") or {}).get(
+                        PIN_ANNOTATION
+                    )
+                    return SnapshotOutcome(
+                        pin or self.followed,
+                        None,
+                        seconds=time.monotonic() - started,
+                        resumed_from_snapshot=True,
+                    )
                 workspace = await target.read_workspace()
                 annotations = (workspace.get("metadata") or {}).get("annotations") or {}
                 state = annotations.get(CHECKPOINT_STATE)
@@ -82,6 +99,18 @@ class AddonMode(SnapshotMode):
         await self._pause_without_snapshot()
         return SnapshotOutcome(None, problem, seconds=time.monotonic() - started)
 
+    async def _restored_elsewhere(self) -> dict[str, Any] | None:
+        """The pod this process now runs in, when it is another than the one that paused."""
+        target = self.target
+        try:
+            pod = await asyncio.to_thread(target.kube.get_pod, target.namespace, target.pod_name)
+        except KubeError as err:
+            if err.status == 404:  # between the old pod and the new one
+                return None
+            raise
+        uid = (pod.get("metadata") or {}).get("uid")
+        return pod if uid and uid != target.instance else None
+
     async def _follow(self, on_phase: PhaseCallback, waited: float) -> str:
         """One look at the add-on's trigger and snapshot: a phase, or why it failed."""
         target = self.target
@@ -100,6 +129,7 @@ class AddonMode(SnapshotMode):
                     f"Pod snapshot: trigger {name} waits for the node's agent ({waited:.0f} s)"
                 )
             return failure
+        self.followed = snapshot
         found = await asyncio.to_thread(target.kube.get_snapshot, target.namespace, snapshot)
         ready, failure = snapshot_outcome(found, snapshot)
         if not ready and not failure:

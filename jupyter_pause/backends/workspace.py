@@ -233,6 +233,13 @@ class WorkspaceBackend(EnvironmentBackend):
             return OwnPolicyMode(target, self.mode, self.settings.gvisor_checkpoint)
         return NoSnapshots(target, self.mode)
 
+    async def pause_mode(self) -> tuple[str, str]:
+        try:
+            mode = await self.snapshot_mode()
+        except BackendError as err:
+            return NO_SNAPSHOTS, str(err)
+        return mode.name, mode.choice.why
+
     async def snapshot_environment(self, on_phase: PhaseCallback) -> SnapshotOutcome:
         try:
             mode = await self.snapshot_mode()
