@@ -165,6 +165,9 @@ test('chip gallery: every state', async ({ page }) => {
       body: JSON.stringify({ ...BASE, state: 'resuming' })
     })
   );
+  // The server answers the state it is in from then on (the chip polls every second after
+  // a resume: a "failed" answer there would flip the chip back before its screenshot).
+  answer = { ...BASE, state: 'resuming' };
   await page.locator(SELECTORS.CHIP_ACTION).click();
   await resumed;
   await expect(pause.chipLabel).toHaveText('Resuming');
