@@ -1,16 +1,28 @@
-"""Pause and resume times of a workspace pod, against the tests' real kube-apiserver.
+"""Pause and resume times of a workspace pod, per pause mode, on the tests' real chain.
 
-The cluster's other parts are played as in ``tests/cluster`` (a "pod" is a real jupyter server
-on this machine; a live restore is its processes frozen and thawed). A notebook holds
-``--mb`` MB of numpy data. Measured, each from the user's side:
+The cluster is ``tests/cluster``'s: a real etcd, kube-apiserver, kube-controller-manager and
+kube-scheduler with Kubeflow Notebooks v2's own CRDs, what ``deploy/`` ships for each mode, and
+the parts that cannot run here played (``tests/cluster/real_players.py``: the Notebooks
+workspace controller, the kubelet, GKE's node agent; ``gvisor_admission.py``: the gVisor
+admission policy). A "pod" is a real jupyter server on this machine; a live restore is its
+processes frozen and thawed, so a live resume here costs no snapshot upload or download. A
+notebook holds ``--mb`` MB of numpy data. Measured, each from the user's side:
 
-* live: pause (POST pause until the pod is gone: checkpoint, pod snapshot, Workspace patch),
-  then ``jupyter pause resume --workspace`` until the server reports the notebook ready;
-* files: the same with no PodSnapshotPolicy (a cold start restores the checkpoint);
+* ``pod-snapshots`` (live): pause (POST pause until the pod is gone: checkpoint, our pod
+  snapshot, the Workspace patched), then ``jupyter pause resume --workspace`` until the server
+  reports the notebook ready, and until its first cell answers; the bytes written;
+* ``no-snapshots`` (files): the same without a PodSnapshotPolicy (a cold start restores the
+  checkpoint);
+* ``gke-workspaces``: the same on a Workspace the real GKE Workspaces add-on snapshots (when
+  ``tests/cluster/gke-addon.sh`` can build it);
 * SIGTERM: the platform pauses the Workspace itself; the checkpoint time the server records,
-  and the time from SIGTERM to its exit, against the 30 s grace period it ships for.
+  and the time from SIGTERM to its exit, against the pod's grace period.
 
-    python bench/workspace_pause.py --mb 1024
+Each round runs every mode, the SIGTERM pause and a raw write+fsync of the same bytes (the
+device's speed, the reference of the ratio column) in an order rotated by one per round, each
+mode in a namespace of its own; the table gives medians (ranges) over the rounds.
+
+    python bench/workspace_pause.py --mb 1024 --rounds 3
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,122 +40,199 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.cluster.conftest import CRDS, _wait_established  # noqa: E402
-from tests.cluster.control_plane import ControlPlane, apiserver_binary  # noqa: E402
+from tests.built_tools import CannotRun  # noqa: E402
+from tests.cluster.control_plane import (  # noqa: E402
+    UPSTREAM_CRDS,
+    ControlPlane,
+    addon_binary,
+    apiserver_binary,
+    kube_binary,
+)
+from tests.cluster.gvisor_admission import GvisorAdmission  # noqa: E402
 from tests.cluster.notebooks import RemoteServer  # noqa: E402
-from tests.cluster.players import PlayedCluster, WorkspacePlay, wait_for  # noqa: E402
+from tests.cluster.real_players import (  # noqa: E402
+    PlayedWorkspace,
+    RealPlayedCluster,
+    real_played_cluster,
+)
 
 
 def data_cell(mb: int) -> str:
     return f"import numpy as np\ndata = np.random.default_rng(0).random({mb * 2**20 // 8})\n"
 
 
-def served(play: WorkspacePlay, previous: str | None = None) -> RemoteServer:
-    wait_for(
-        lambda: (
-            play.current is not None
-            and play.current.pod_uid != previous
-            and not play.current.frozen
-        ),
-        300,
-        "the pod",
-    )
-    assert play.current is not None
-    return RemoteServer(play.current.url, play.jupyter_token)
+def workspace(chain: RealPlayedCluster, mode: str, folder: Path) -> PlayedWorkspace:
+    """A Workspace of ``mode``'s shipped kind (and policy), on a node it can run on."""
+    chain.node("gpu", gpus=1, sandbox=mode != "no-snapshots")
+    if mode == "pod-snapshots":
+        chain.shipped_policy("manual")
+    return chain.workspace("lab", chain.shipped_workspace_kind(mode), folder / chain.namespace)
 
 
-def resume(cluster: PlayedCluster, play: WorkspacePlay, folder: Path) -> float:
+def resume(chain: RealPlayedCluster, played: PlayedWorkspace, folder: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER_PAUSE", "KUBE"))}
-    env["KUBECONFIG"] = str(cluster.user_kubeconfig(folder))
-    started = time.monotonic()
+    env["KUBECONFIG"] = str(chain.user_kubeconfig(folder))
     done = subprocess.run(
         [sys.executable, "-m", "jupyter_pause.cli", "resume", "--workspace",
-         f"{cluster.namespace}/{play.name}"],
+         f"{chain.namespace}/{played.name}"],
         capture_output=True, text=True, env=env, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    return time.monotonic() - started
 
 
-def cycle(plane: ControlPlane, namespace: str, mb: int, snapshots: bool, folder: Path) -> dict:
-    cluster = PlayedCluster(plane, namespace)
-    cluster.create_namespace()
-    cluster.start()
-    try:
-        if snapshots:
-            cluster.create_policy("manual")
-        play = cluster.create_workspace("lab", folder / namespace)
-        server = served(play)
-        first = play.current.pod_uid if play.current else None
+def cycle(plane: ControlPlane, mode: str, mb: int, folder: Path) -> dict:
+    with real_played_cluster(plane, folder / mode) as chain:
+        played = workspace(chain, mode, folder)
+        container = chain.running(played, timeout=300)
+        first = container.pod_uid
+        server = RemoteServer(container.url, played.jupyter_token)
         kernel = server.open_notebook("big.ipynb")
         server.run(kernel, data_cell(mb), timeout=600)
         started = time.monotonic()
         code, _ = server.request("POST", "/jupyter-pause/pause/big.ipynb")
         assert code == 202
-        wait_for(lambda: play.current is None, 900, "the pod to go", interval=0.05)
+        chain.wait(lambda: played.current is None and chain.pod_of("lab") is None, 900, "pause")
         paused = time.monotonic() - started
-        resumed = resume(cluster, play, folder)
-        record = served(play, first).wait_state(
-            "big.ipynb", "ready", "partial", "failed", timeout=900
+        written = chain.state_annotation("lab").get("bytes", 0)
+        started = time.monotonic()
+        resume(chain, played, folder)
+        resumed = time.monotonic() - started
+        server = RemoteServer(
+            chain.running(played, previous_pod=first, timeout=300).url, played.jupyter_token
         )
+        record = server.wait_state("big.ipynb", "ready", "partial", "failed", timeout=900)
         assert record["state"] == "ready", record
-        return {"pause_s": paused, "resume_s": resumed, "how": record["how"]}
-    finally:
-        cluster.close()
+        server.run(record["kernel_id"], "print(data.size)", timeout=600)
+        first_cell = time.monotonic() - started
+        return {"pause_s": paused, "resume_s": resumed, "first_cell_s": first_cell,
+                "bytes": written, "how": record["how"]}  # fmt: skip
 
 
-def sigterm(plane: ControlPlane, namespace: str, mb: int, folder: Path) -> dict:
-    cluster = PlayedCluster(plane, namespace)
-    cluster.create_namespace()
-    cluster.start()
-    try:
-        play = cluster.create_workspace("lab", folder / namespace, grace=30.0)
-        server = served(play)
+def sigterm(plane: ControlPlane, mb: int, folder: Path) -> dict:
+    with real_played_cluster(plane, folder / "sigterm") as chain:
+        played = workspace(chain, "no-snapshots", folder)
+        container = chain.running(played, timeout=300)
+        server = RemoteServer(container.url, played.jupyter_token)
         kernel = server.open_notebook("big.ipynb")
         server.run(kernel, data_cell(mb), timeout=600)
-        pod = play.current
-        assert pod is not None
-        cluster.set_paused("lab", True)
-        assert pod.stopped.wait(120), "the kubelet did not stop the pod"
-        store = play.home / ".jupyter-pause" / "checkpoints" / "environment.json"
+        pod = chain.pod_of("lab") or {}
+        chain.set_paused("lab", True)
+        assert container.stopped.wait(300), "the kubelet did not stop the pod"
+        store = played.home / ".jupyter-pause" / "checkpoints" / "environment.json"
         environment = json.loads(store.read_text())
         return {
             "checkpoint_s": environment["checkpoint_seconds"],
-            "exit_s": pod.exit_seconds,
-            "grace_s": play.grace_seconds,
+            "exit_s": container.exit_seconds,
+            "grace_s": pod["spec"]["terminationGracePeriodSeconds"],
         }
-    finally:
-        cluster.close()
+
+
+def raw_write(mb: int, folder: Path) -> float:
+    """Seconds to write and fsync ``mb`` MB on the disk the checkpoints go to: the device's
+    own speed, measured in the same round as the modes it is held against."""
+    path = folder / "raw-write.bin"
+    block = os.urandom(2**20)
+    started = time.monotonic()
+    with open(path, "wb") as f:
+        for _ in range(mb):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    elapsed = time.monotonic() - started
+    path.unlink()
+    return elapsed
+
+
+def spread(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def table(mb: int, rounds: list[dict[str, dict]]) -> str:
+    head = ["mode", "how", "pause s", "resume s", "first cell s", "MiB written",
+            "pause / raw write"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for mode in MODES:
+        runs = [r for r in rounds if mode in r]
+        if not runs:
+            continue
+        hows = sorted({r[mode]["how"] for r in runs})
+        lines.append("| " + " | ".join([
+            mode, "/".join(hows),
+            spread([r[mode]["pause_s"] for r in runs]),
+            spread([r[mode]["resume_s"] for r in runs]),
+            spread([r[mode]["first_cell_s"] for r in runs]),
+            spread([r[mode]["bytes"] / 2**20 for r in runs]),
+            spread([r[mode]["pause_s"] / r["raw"]["write_s"] for r in runs]),
+        ]) + " |")  # fmt: skip
+    stops = [r["sigterm"] for r in rounds if "sigterm" in r]
+    raw = [r["raw"]["write_s"] for r in rounds]
+    lines += [
+        "",
+        f"{mb} MB of notebook data; raw write+fsync of it: {spread(raw)} s; "
+        f"{len(rounds)} rounds, medians (ranges).",
+    ]
+    if stops:
+        lines.append(
+            f"SIGTERM (platform pause, no-snapshots): checkpoint "
+            f"{spread([s['checkpoint_s'] for s in stops])} s, server exit "
+            f"{spread([s['exit_s'] for s in stops])} s after SIGTERM, grace "
+            f"{stops[0]['grace_s']} s"
+        )
+    return "\n".join(lines)
+
+
+MODES = ("gke-workspaces", "pod-snapshots", "no-snapshots")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=1024, help="MB of notebook data (default 1024)")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    rounds: list[dict[str, dict]] = []
     with tempfile.TemporaryDirectory(prefix="jp-bench-") as tmp:
         folder = Path(tmp)
-        plane = ControlPlane(folder / "control-plane", apiserver_binary())
         (folder / "control-plane").mkdir()
-        plane.start()
-        try:
-            for crd in sorted(CRDS.glob("*.yaml")):
-                plane.apply_file(crd)
-            _wait_established(plane)
-            live = cycle(plane, "bench-live", args.mb, True, folder)
-            files = cycle(plane, "bench-files", args.mb, False, folder)
-            stop = sigterm(plane, "bench-sigterm", args.mb, folder)
-        finally:
-            plane.stop()
-    print(f"{args.mb} MB of notebook data, kube-apiserver ready in {plane.ready_seconds:.1f} s")
-    for name, result in (("live", live), ("files", files)):
-        print(
-            f"  {name:5}: pause {result['pause_s']:.2f} s (until the pod is gone), resume "
-            f"{result['resume_s']:.2f} s (CLI until ready, how={result['how']})"
+        plane = ControlPlane(
+            folder / "control-plane",
+            apiserver_binary(),
+            controller_manager=kube_binary("kube-controller-manager"),
+            scheduler=kube_binary("kube-scheduler"),
         )
-    print(
-        f"  SIGTERM: checkpoint {stop['checkpoint_s']:.2f} s, server exit {stop['exit_s']:.2f} s "
-        f"after SIGTERM, grace {stop['grace_s']:.0f} s"
-    )
+        admission = GvisorAdmission(plane, folder)
+        try:
+            plane.start()
+            plane.load_crds(UPSTREAM_CRDS)
+            plane.install_gvisor_runtime_class()
+            admission.start()
+            admission.register()
+            methods = ["raw", "sigterm", *MODES]
+            try:
+                plane.start_snapshot_addon(addon_binary())
+            except CannotRun as err:
+                print(f"gke-workspaces skipped: {err}", file=sys.stderr)
+                methods.remove("gke-workspaces")
+            for number in range(args.rounds):
+                shift = number % len(methods)
+                row: dict[str, dict] = {}
+                for method in methods[shift:] + methods[:shift]:
+                    place = folder / f"round-{number}"
+                    if method == "raw":
+                        place.mkdir(exist_ok=True)
+                        row[method] = {"write_s": raw_write(args.mb, place)}
+                    elif method == "sigterm":
+                        row[method] = sigterm(plane, args.mb, place)
+                    else:
+                        row[method] = cycle(plane, method, args.mb, place)
+                    print(f"round {number + 1} {method}: {row[method]}", file=sys.stderr)
+                rounds.append(row)
+        finally:
+            admission.stop()
+            plane.stop()
+    print(f"kube-apiserver ready in {plane.ready_seconds:.1f} s")
+    print(table(args.mb, rounds))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ imported only here so that the other commands stay fast. What they show:
 
 An ``Error`` state (the controller's: ImagePullBackOff, CrashLoopBackOff, an invalid
 WorkspaceKind; or the pod's own container waiting on one of those) is ``error``: nothing comes
-of waiting for it until someone fixes the cause.
+of waiting for it until someone fixes the cause. The one Error that is a wait, a pod the
+scheduler cannot place yet (no GPU free), is ``waiting-for-resources``.
 
 ``resume`` unpauses the Workspace (unless it already is: a second resume joins the first)
 and follows the pod until the server in it reports the restore of every notebook; it stops at
@@ -120,15 +121,12 @@ def view(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
         if pod is not None:
             return {**record, "state": "pausing", "message": "The pod is being stopped."}
         return {**record, "state": "paused", "message": paused_message(recorded)}
-    error = error_message(status, pod)
-    if error:
-        return {**record, "state": "error", "message": error}
-    if pod is None:
-        return {**record, "state": "resuming", "message": "Waiting for the pod to be created."}
-    facts = facts_of(pod)
-    phase = (pod.get("status") or {}).get("phase")
-    scheduled = condition(pod, "PodScheduled") or {}
-    if phase == "Pending" and scheduled.get("reason") == "Unschedulable":
+    phase = ((pod or {}).get("status") or {}).get("phase")
+    scheduled = (condition(pod, "PodScheduled") if pod else None) or {}
+    # Before the Workspace's Error: the Notebooks controller calls a pod the scheduler cannot
+    # place yet an Error ("Workspace Pod is unschedulable: ..."), but a GPU freed elsewhere
+    # ends that wait by itself, so a resume waits for it instead of giving up.
+    if pod is not None and phase == "Pending" and scheduled.get("reason") == "Unschedulable":
         waited = time.time() - (epoch(pod["metadata"].get("creationTimestamp")) or time.time())
         return {
             **record,
@@ -136,6 +134,12 @@ def view(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
             "message": f"Waiting for resources: {scheduled.get('message') or 'unschedulable'}",
             "waited_seconds": waited,
         }
+    error = error_message(status, pod)
+    if error:
+        return {**record, "state": "error", "message": error}
+    if pod is None:
+        return {**record, "state": "resuming", "message": "Waiting for the pod to be created."}
+    facts = facts_of(pod)
     if phase == "Running" and not recorded:
         return {**record, "state": "running", "message": "Running; no pause is recorded."}
     if phase != "Running" or recorded.get("instance") != facts.instance:

@@ -1,7 +1,5 @@
-"""Real control planes, one of each kind per test session; a namespace per test.
+"""A real control plane per test session; a namespace per test.
 
-* ``control_plane``: etcd + kube-apiserver with the project's own CRDs (``crds/``); the tests
-  play every other part of the cluster (``players.py``).
 * ``upstream_control_plane``: etcd, kube-apiserver, kube-controller-manager and kube-scheduler,
   with Kubeflow Notebooks v2's own CRDs (``upstream-crds/``), GKE's podsnapshot.gke.io ones and
   GKE Sandbox's RuntimeClass ``gvisor``; no nodes (``register_node``) and no kubelet.
@@ -13,11 +11,14 @@
   (``real_players.py``: the Workspace controller, the kubelet, GKE's node agent). A test that
   wants the add-on asks for ``gke_addon`` before it, so its webhooks are registered before the
   first pod.
+* ``gvisor_admission``: the shipped ``deploy/modes/pod-snapshots/gvisor-admission-policy.yaml``
+  in force for one test, played as a mutating webhook (``gvisor_admission.py``: 1.20 has no
+  admission policies); asked for before ``real_chain``, like ``gke_addon``. A test without it
+  plays a cluster where that policy is not installed.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,7 +26,6 @@ import pytest
 
 from ..built_tools import CannotRun
 from .control_plane import (
-    PROJECT_CRDS,
     UPSTREAM_CRDS,
     ControlPlane,
     SnapshotAddon,
@@ -33,10 +33,8 @@ from .control_plane import (
     apiserver_binary,
     kube_binary,
 )
-from .players import PlayedCluster
+from .gvisor_admission import GvisorAdmission
 from .real_players import RealPlayedCluster, real_played_cluster
-
-_numbers = itertools.count(1)
 
 
 def _binary(get: Callable[[], str]) -> str:
@@ -44,17 +42,6 @@ def _binary(get: Callable[[], str]) -> str:
         return get()
     except CannotRun as err:
         pytest.skip(f"CLUSTER TESTS SKIPPED: {err}")
-
-
-@pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"), _binary(apiserver_binary))
-    try:
-        plane.start()
-        plane.load_crds(PROJECT_CRDS)
-        yield plane
-    finally:
-        plane.stop()
 
 
 @pytest.fixture(scope="session")
@@ -83,16 +70,29 @@ def gke_addon(upstream_control_plane: ControlPlane) -> Iterator[SnapshotAddon]:
         addon.stop()
 
 
-@pytest.fixture
-def cluster(control_plane: ControlPlane) -> Iterator[PlayedCluster]:
-    """A fresh namespace with the shipped Role, and the cluster's other parts played."""
-    played = PlayedCluster(control_plane, f"team-{next(_numbers)}")
-    played.create_namespace()
-    played.start()
+@pytest.fixture(scope="session")
+def gvisor_admission_server(
+    upstream_control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GvisorAdmission]:
+    """The played gVisor admission policy's webhook, served (in force only per test)."""
+    player = GvisorAdmission(upstream_control_plane, tmp_path_factory.mktemp("gvisor-admission"))
+    player.start()
     try:
-        yield played
+        yield player
     finally:
-        played.close()
+        player.stop()
+
+
+@pytest.fixture
+def gvisor_admission(gvisor_admission_server: GvisorAdmission) -> Iterator[GvisorAdmission]:
+    """The shipped gVisor admission policy in force for this test (played)."""
+    gvisor_admission_server.register()
+    try:
+        yield gvisor_admission_server
+    finally:
+        gvisor_admission_server.unregister()
+        errors, gvisor_admission_server.errors[:] = list(gvisor_admission_server.errors), []
+        assert not errors, "the played gVisor admission policy failed:\n" + "\n".join(errors)
 
 
 @pytest.fixture

@@ -44,8 +44,6 @@ from ..server_process import free_port
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "kube-apiserver.sh"
 ADDON_BUILD_SCRIPT = HERE / "gke-addon.sh"
-#: The project's own Workspace CRD (written from the documented fields) and GKE's.
-PROJECT_CRDS = tuple(sorted((HERE / "crds").glob("*.yaml")))
 #: Kubeflow Notebooks v2's own Workspace and WorkspaceKind CRDs (upstream-crds/README.md) and
 #: GKE's podsnapshot.gke.io ones (GKE publishes no file: ours, checked against its reference).
 UPSTREAM_CRDS = (

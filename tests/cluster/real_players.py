@@ -76,11 +76,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import urllib3
 
 from ..server_process import free_port, server_config, wait_serving
 from .control_plane import AUDIENCE, GPU, ControlPlane, Credentials
-from .players import PodProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -251,6 +251,8 @@ def group(
 
 KUBEFLOW = "kubeflow.org/v1beta1"
 SNAPSHOTS = "podsnapshot.gke.io/v1"
+RBAC = "rbac.authorization.k8s.io/v1"
+STATE_ANNOTATION = "jupyter-pause.io/state"  # what jupyter_pause records on its Workspace
 
 
 # -- the Kubeflow Notebooks v2 workspace controller ---------------------------------------------------
@@ -1063,6 +1065,48 @@ class WorkspaceController:
 
 
 # -- the kubelet and GKE's node agent --------------------------------------------------------------
+@dataclass
+class PodProcess:
+    """One incarnation of a pod's container: a process tree on this machine."""
+
+    pod_uid: str
+    process: subprocess.Popen[bytes]
+    port: int
+    token: str
+    workdir: Path  # ephemeral: runtime dir, service-account files (the pod's own disk)
+    log: Path
+    frozen: bool = False
+    exit_seconds: float | None = None  # SIGTERM to exit, when it was stopped
+    stopped: threading.Event = field(default_factory=threading.Event)  # the kubelet is done
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.process.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def freeze(self) -> None:
+        for proc in self.tree():
+            proc.suspend()
+        self.frozen = True
+
+    def thaw(self) -> None:
+        for proc in self.tree():
+            proc.resume()
+        self.frozen = False
+
+    def kill(self) -> None:
+        for proc in self.tree():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        self.process.wait()
+
+
 @dataclass(eq=False)  # one container is one process tree: compared by identity
 class Container(PodProcess):
     """A played container: its process tree, and what the kubelet knows of it. For the
@@ -1135,6 +1179,9 @@ class PlayedWorkspace:
     claim: str
     jupyter_token: str = field(default_factory=lambda: os.urandom(12).hex())
     extra_config: str = ""  # more jupyter_server_config.py lines for its pods
+    #: Where its pods' ``KUBERNETES_SERVICE_PORT`` points: None, the API server; a closed port
+    #: plays a pod whose network cannot reach it (a NetworkPolicy, a broken CNI).
+    api_port: int | None = None
     current: Container | None = None  # the container of its running pod
     containers: list[Container] = field(default_factory=list)  # every one, in start order
 
@@ -1147,6 +1194,7 @@ class KubeletPod:
     name: str
     uid: str
     node: str
+    workspace: str | None = None  # its notebooks.kubeflow.org/workspace-name label
     phase: str = "new"  # new, starting, pulling, running, backoff, stopping, gone
     container: Container | None = None
     restarts: int = 0
@@ -1185,7 +1233,12 @@ class RealPlayedCluster:
         self.snapshots: dict[tuple[str, str], Snapshot] = {}
         self.unpullable: set[str] = set()
         self.kind_modes: dict[str, str | None] = {}  # WorkspaceKind -> its RBAC's mode
+        self.cluster_roles: list[str] = []  # ClusterRoles this test made (edit_role)
         self.fail_triggers: list[str] = []  # the node agent fails the next ones, with these
+        # Every trigger the node agent fired, in order: (trigger, its PodSnapshot, why that
+        # snapshot failed or None when it is Ready); GKE's own record is gone once the trigger
+        # is deleted, as ours are once spent.
+        self.fired: list[tuple[str, str, str | None]] = []
         # How the node agent restores a pod that a snapshot matches: "live" (GKE's way),
         # "mismatch" (the snapshot no longer matches: a cold start, PodRestored=False) or
         # "silent" (a cold start without any condition).
@@ -1329,10 +1382,13 @@ class RealPlayedCluster:
         image_config: str | None = None,
         pod_config: str | None = None,
         pod_metadata: dict[str, Any] | None = None,
+        extra_config: str = "",
+        api_port: int | None = None,
     ) -> PlayedWorkspace:
         """A Workspace of ``kind`` whose home volume (a PVC bound to a volume at ``home``) is
         made first, as upstream requires, and the admin's RBAC for it (its kind's mode's
-        ``rbac-workspace.yaml``, stamped); ``enabled``: annotated for the GKE Workspaces add-on."""
+        ``rbac-workspace.yaml``, stamped); ``enabled``: annotated for the GKE Workspaces add-on;
+        ``extra_config`` and ``api_port``: as ``PlayedWorkspace``'s, for every pod of it."""
         home.mkdir(parents=True, exist_ok=True)
         mode = self.kind_modes.get(kind)
         if mode:
@@ -1348,7 +1404,8 @@ class RealPlayedCluster:
         options = found["spec"]["podTemplate"]["options"]  # the spawner's defaults otherwise
         image_config = image_config or options["imageConfig"]["spawner"]["default"]
         pod_config = pod_config or options["podConfig"]["spawner"]["default"]
-        played = PlayedWorkspace(self.namespace, name, kind, home, claim)
+        played = PlayedWorkspace(self.namespace, name, kind, home, claim,
+                                 extra_config=extra_config, api_port=api_port)  # fmt: skip
         with self.lock:
             self.workspaces[(self.namespace, name)] = played
         self.api.create(
@@ -1413,6 +1470,9 @@ class RealPlayedCluster:
         for namespace in [self.namespace, *self.other_namespaces]:
             with contextlib.suppress(Exception):
                 self.api.delete(core(None, "namespaces", namespace))
+        for role in self.cluster_roles:  # an admin's edited copies (edit_role)
+            with contextlib.suppress(Exception):
+                self.api.delete(group(RBAC, None, "clusterroles", role))
         self.api.pool.clear()
         assert not self.errors, "a player failed:\n" + "\n".join(self.errors)
 
@@ -1472,8 +1532,9 @@ class RealPlayedCluster:
                     known = self.pods.get(uid)
                     if known is None:
                         known = self.pods[uid] = KubeletPod(
-                            pod["metadata"]["namespace"], pod["metadata"]["name"], uid, node
-                        )
+                            pod["metadata"]["namespace"], pod["metadata"]["name"], uid, node,
+                            (pod["metadata"].get("labels") or {}).get(WORKSPACE_LABEL),
+                        )  # fmt: skip
                 if pod["metadata"].get("deletionTimestamp"):
                     if known.phase not in ("stopping", "gone"):
                         known.phase = "stopping"
@@ -1698,6 +1759,9 @@ class RealPlayedCluster:
         known.container = None
         if container is None:
             return None
+        # Only a snapshot that still exists holds them: one deleted a moment ago (by a pause
+        # that took none) must not keep the pod's processes from their SIGTERM.
+        self._forget_deleted_snapshots()
         with self.lock:
             for played in self.workspaces.values():
                 if played.current is container:
@@ -1772,9 +1836,10 @@ class RealPlayedCluster:
                 env[entry["name"]] = base64.b64decode(raw).decode() if raw else ""
             else:
                 raise AssertionError(f"the played kubelet cannot resolve env {entry}")
+        played = self._workspace_of(pod)
         env.update(
             KUBERNETES_SERVICE_HOST="127.0.0.1",  # the kubernetes Service, routed to the API
-            KUBERNETES_SERVICE_PORT=str(self.plane.port),
+            KUBERNETES_SERVICE_PORT=str((played and played.api_port) or self.plane.port),
             HOSTNAME=pod["metadata"]["name"],
         )
         return env
@@ -1959,11 +2024,16 @@ class RealPlayedCluster:
                 if (trigger.get("status") or {}).get("conditions"):
                     continue  # spent: a trigger fires once
                 self._fire(trigger)
-        existing = set()
-        for namespace in sorted(self.namespaces):
-            for item in self.api.list(group(SNAPSHOTS, namespace, "podsnapshots")):
-                existing.add((namespace, item["metadata"]["name"]))
+        self._forget_deleted_snapshots()
+
+    def _forget_deleted_snapshots(self) -> None:
+        """The processes of every PodSnapshot deleted since the last look let go. (Listed under
+        the lock: a snapshot the agent registers meanwhile is never taken for a deleted one.)"""
         with self.lock:
+            existing = set()
+            for namespace in sorted(self.namespaces):
+                for item in self.api.list(group(SNAPSHOTS, namespace, "podsnapshots")):
+                    existing.add((namespace, item["metadata"]["name"]))
             for key in [k for k in self.snapshots if k not in existing]:
                 self._drop_snapshot(self.snapshots.pop(key))
 
@@ -2031,8 +2101,11 @@ class RealPlayedCluster:
             self._trigger_status(trigger, "False", "Failed",
                                  f"no PodSnapshotPolicy with a manual trigger selects pod {target}")  # fmt: skip
             return
-        failure = self.fail_triggers.pop(0) if self.fail_triggers else None
+        with self.lock:
+            failure = self.fail_triggers.pop(0) if self.fail_triggers else None
         snapshot = self._take_snapshot(pod, container, policy, name, failure)
+        with self.lock:
+            self.fired.append((name, snapshot, failure))
         self._trigger_status(
             trigger, "True", "Complete", f"PodSnapshot {snapshot} created", snapshot
         )
@@ -2058,6 +2131,14 @@ class RealPlayedCluster:
                                                    ORIGIN_POD: pod["metadata"]["name"]}},
              "spec": {"policyName": policy["metadata"]["name"]}},
         )  # fmt: skip
+        owner = controller_of(pod) or {}
+        with self.lock:  # what it holds is known before anyone sees it Ready
+            self.snapshots[(namespace, name)] = Snapshot(
+                namespace, name, trigger, policy["metadata"]["name"], pod["metadata"]["name"],
+                pod["metadata"]["uid"], owner.get("uid", ""),
+                tuple((c["name"], c["image"]) for c in pod["spec"]["containers"]),
+                time.time(), None if failure else container,
+            )  # fmt: skip
         ready = (
             {"type": "Ready", "status": "False", "reason": "Failed", "message": failure}
             if failure
@@ -2067,14 +2148,7 @@ class RealPlayedCluster:
             f"{path}/{name}/status",
             {"status": {"conditions": [{**ready, "lastTransitionTime": now_rfc3339()}]}},
         )
-        owner = controller_of(pod) or {}
         with self.lock:
-            self.snapshots[(namespace, name)] = Snapshot(
-                namespace, name, trigger, policy["metadata"]["name"], pod["metadata"]["name"],
-                pod["metadata"]["uid"], owner.get("uid", ""),
-                tuple((c["name"], c["image"]) for c in pod["spec"]["containers"]),
-                time.time(), None if failure else container,
-            )  # fmt: skip
             stop = ((policy.get("spec") or {}).get("triggerConfig") or {}).get("postCheckpoint")
             if not failure and stop == "stop" and not container.frozen:
                 container.freeze()
@@ -2208,6 +2282,136 @@ class RealPlayedCluster:
 
     def snapshot_object(self, plural: str, name: str) -> dict[str, Any] | None:
         return self.api.get(group(SNAPSHOTS, self.namespace, plural, name))
+
+    def snapshot_objects(self, plural: str) -> list[dict[str, Any]]:
+        return self.api.list(group(SNAPSHOTS, self.namespace, plural))
+
+    def state_annotation(self, name: str) -> dict[str, Any]:
+        """What jupyter_pause recorded on the Workspace (``jupyter-pause.io/state``), parsed."""
+        raw = (self.workspace_object(name)["metadata"].get("annotations") or {}).get(
+            STATE_ANNOTATION
+        )
+        return json.loads(raw) if raw else {}
+
+    def pinned(self, name: str) -> str | None:
+        """The snapshot the Workspace's pod template pins (``podsnapshot.gke.io/ps-name``)."""
+        template = self.workspace_object(name)["spec"]["podTemplate"]
+        return ((template.get("podMetadata") or {}).get("annotations") or {}).get(PIN_ANNOTATION)
+
+    def pods_of(self, played: PlayedWorkspace) -> list[str]:
+        """The uids of the Workspace's pods the kubelet has run (or tried to), oldest first."""
+        with self.lock:
+            return [
+                p.uid
+                for p in self.pods.values()
+                if (p.namespace, p.workspace) == (played.namespace, played.name)
+            ]
+
+    def shipped_policy(self, trigger: str = "manual") -> str:
+        """``deploy/modes/pod-snapshots/podsnapshot-policy.yaml`` in this namespace, as its
+        README's ``envsubst`` makes it, with ``triggerConfig.type`` set to ``trigger`` (the
+        file's is ``manual``; ``workload``: the pod asks through gVisor's checkpoint file). Not
+        played: its ``snapshotGroupingRules`` and ``retentionConfig`` (GKE's own retention;
+        jupyter_pause's keeps to one snapshot per Workspace anyway). Returns its name."""
+        import yaml
+
+        path = DEPLOY / "modes" / "pod-snapshots" / "podsnapshot-policy.yaml"
+        document = yaml.safe_load(path.read_text().replace("${NAMESPACE}", self.namespace))
+        document["spec"]["triggerConfig"]["type"] = trigger
+        self.api.create(group(SNAPSHOTS, self.namespace, "podsnapshotpolicies"), document)
+        return document["metadata"]["name"]
+
+    def quota(self, resource: str, hard: int) -> None:
+        """A ResourceQuota ``limits`` of ``hard`` on ``resource``; returns once the real quota
+        controller (kube-controller-manager's) has counted what is used, from which moment the
+        API server's quota admission enforces it (before, it refuses with "status unknown")."""
+        path = core(self.namespace, "resourcequotas")
+        self.api.create(path, {"metadata": {"name": "limits"},
+                               "spec": {"hard": {resource: str(hard)}}})  # fmt: skip
+
+        def counted() -> bool:
+            found = self.api.get(f"{path}/limits") or {}
+            return resource in ((found.get("status") or {}).get("used") or {})
+
+        # (the controller discovers a new CRD's resources every 30 s)
+        self.wait(counted, 120, f"the quota controller to count {resource}")
+
+    def edit_role(self, played: PlayedWorkspace, drop: dict[str, str]) -> None:
+        """An admin takes verbs from the shipped RBAC of ``played`` (resource -> verb); returns
+        once the API server refuses each of them to its pod, and grants every other verb the
+        shipped RBAC grants it, asked with that pod's own token (a SelfSubjectAccessReview:
+        exactly the identity the pause uses).
+
+        Workspace verbs are in the Workspace's own Role (``rbac-workspace.yaml``, stamped):
+        edited in place. The others are in its kind's mode's ClusterRole, which every Workspace
+        shares: the admin makes an edited copy and names it in the WorkspaceKind's
+        ``podTemplate.serviceAccount.clusterRoles`` instead; the workspace controller replaces
+        the Workspace's RoleBinding with one to the copy, as upstream's reconcileRoleBindings
+        does (a binding deleted by hand would come back)."""
+        granted: list[tuple[str, str, str, str | None]] = []  # group, resource, verb, name
+
+        def without(rules: list[dict[str, Any]], name: str | None) -> list[dict[str, Any]]:
+            kept = []
+            for rule in rules:
+                for api_group in rule.get("apiGroups") or [""]:
+                    for resource in rule["resources"]:
+                        for verb in rule["verbs"]:
+                            granted.append((api_group, resource, verb, name))
+                verbs = [v for v in rule["verbs"] if drop.get(rule["resources"][0]) != v]
+                if verbs:
+                    kept.append({**rule, "verbs": verbs})
+            return kept
+
+        roles = group(RBAC, self.namespace, "roles")
+        own = self.api.get(f"{roles}/jupyter-pause-ws-{played.name}")
+        assert own is not None, f"no Role of Workspace {played.name}"
+        self.api.merge(f"{roles}/jupyter-pause-ws-{played.name}",
+                       {"rules": without(own["rules"], played.name)})  # fmt: skip
+        kind_path = group(KUBEFLOW, None, "workspacekinds", played.kind)
+        kind = self.api.get(kind_path)
+        assert kind is not None
+        account = kind["spec"]["podTemplate"].get("serviceAccount") or {}
+        edit_shared = any(resource != "workspaces" for resource in drop)
+        edited_roles = []
+        for entry in account.get("clusterRoles") or []:
+            shared = self.api.get(group(RBAC, None, "clusterroles", entry["name"]))
+            assert shared is not None, f"no ClusterRole {entry['name']}"
+            rules = without(shared["rules"], None)
+            if edit_shared:
+                edited = f"{entry['name']}-edited-{self.namespace}"
+                self.api.create(group(RBAC, None, "clusterroles"),
+                                {"metadata": {"name": edited}, "rules": rules})  # fmt: skip
+                self.cluster_roles.append(edited)
+                edited_roles.append({"name": edited})
+        if edit_shared:
+            self.api.merge(kind_path, {"spec": {"podTemplate": {
+                "serviceAccount": {"clusterRoles": edited_roles}}}})  # fmt: skip
+        pod = self.pod_of(played.name)
+        assert pod is not None, f"Workspace {played.name} has no pod"
+        current = played.current
+        token = (
+            (current.workdir / "sa" / "token").read_text()
+            if current is not None
+            else self.service_account_token(pod)
+        )
+        as_pod = Api(self.plane.credentials(token))
+        reviews = group("authorization.k8s.io/v1", None, "selfsubjectaccessreviews")
+
+        def as_wanted() -> bool:
+            for api_group, resource, verb, name in granted:
+                answer = as_pod.create(reviews, {
+                    "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                    "spec": {"resourceAttributes": {
+                        "namespace": self.namespace, "group": api_group, "resource": resource,
+                        "verb": verb, **({"name": name} if name else {})}}})  # fmt: skip
+                if answer["status"].get("allowed", False) == (drop.get(resource) == verb):
+                    return False
+            return True
+
+        try:
+            self.wait(as_wanted, 60, f"the API server to refuse {drop} to {played.name}'s pod")
+        finally:
+            as_pod.pool.clear()
 
     def fail_next_trigger(self, message: str = "checkpoint of the sandbox failed") -> None:
         """The node agent's next snapshot fails: a PodSnapshot with Ready False, reason Failed."""

@@ -9,9 +9,6 @@ mode, what was saved and how it came back, and the same data after the resume.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,28 +16,30 @@ import pytest
 
 from .control_plane import SnapshotAddon
 from .notebooks import RemoteServer
-from .real_players import PIN_ANNOTATION, RESTORED, Container, PlayedWorkspace, RealPlayedCluster
+from .real_players import (
+    ORIGIN_POD,
+    PIN_ANNOTATION,
+    RESTORED,
+    TRIGGERED_BY,
+    Container,
+    PlayedWorkspace,
+    RealPlayedCluster,
+    condition,
+)
 from .test_real_chain import CHECKPOINT_STATE, LAST_CHECKPOINT, enabled_workspace, pause_details
-from .test_workspace import CHECKSUM_CELL, DATA_CELL
+from .test_workspace import (
+    CHECKSUM_CELL,
+    DATA_CELL,
+    cli,
+    notebook_with_data,
+    resume_in_background,
+)
 
 ADDON_TRIGGER = "ws-lab-trigger"
 
 
 def server_of(played: PlayedWorkspace, container: Container) -> RemoteServer:
     return RemoteServer(container.url, played.jupyter_token)
-
-
-def cli(chain: RealPlayedCluster, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    """``jupyter pause ...`` as a user outside the cluster runs it (their own kubeconfig)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER_PAUSE", "KUBERNETES"))}
-    env["KUBECONFIG"] = str(chain.user_kubeconfig(tmp_path))
-    return subprocess.run(
-        [sys.executable, "-m", "jupyter_pause.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
 
 
 def ours(chain: RealPlayedCluster, plural: str) -> list[str]:
@@ -231,3 +230,83 @@ def test_with_the_addon_present_a_workspace_not_enabled_is_paused_our_way(
     server = server_of(lab, real_chain.running(lab, previous_pod=first_pod))
     ready = server.wait_state("a.ipynb", "ready", "partial", "failed", timeout=180)
     assert ready["how"] == "files" and server.run(ready["kernel_id"], CHECKSUM_CELL) == expected
+
+
+def test_two_workspaces_paused_at_once_each_get_the_addons_own_snapshot_and_their_data_back(
+    gke_addon: SnapshotAddon, real_chain: RealPlayedCluster, tmp_path: Path
+) -> None:
+    # Given two Workspaces the add-on snapshots, on one GKE Sandbox node with two GPUs, our
+    # server in each pod, each with its own data
+    real_chain.node("sandbox", gpus=2, sandbox=True)
+    kind = real_chain.workspace_kind(mode="gke-workspaces")
+    names = ("alpha", "beta")
+    labs = {n: real_chain.workspace(n, kind, tmp_path / n, enabled=True) for n in names}
+    containers = {n: real_chain.running(labs[n]) for n in names}
+    first_pods = {n: containers[n].pod_uid for n in names}  # (a restored one takes the new uid)
+    pods = {n: (real_chain.pod_of(n) or {})["metadata"]["name"] for n in names}
+    servers = {n: server_of(labs[n], containers[n]) for n in names}
+    kernels, expected = {}, {}
+    for scale, name in enumerate(names, start=2):
+        details = pause_details(servers[name], real_chain)
+        assert (details["mode"], details["workspace"]) == ("gke-workspaces", name), details
+        kernels[name], expected[name] = notebook_with_data(servers[name], "a.ipynb", scale)
+    assert expected["alpha"] != expected["beta"]
+
+    # When both notebooks are paused from our button at once
+    for name in names:
+        code, record = servers[name].request("POST", "/jupyter-pause/pause/a.ipynb")
+        assert code == 202, record
+    real_chain.wait(
+        lambda: all(
+            real_chain.workspace_object(n)["spec"]["paused"] and real_chain.pod_of(n) is None
+            for n in names
+        ),
+        180,
+        "the add-on to let both pauses through and both pods to go",
+    )
+
+    # Then each Workspace got exactly one snapshot, the add-on's, of its own pod, on its own
+    # trigger; nothing of ours beside them
+    taken = {
+        n: real_chain.workspace_object(n)["metadata"]["annotations"][LAST_CHECKPOINT] for n in names
+    }
+    assert taken["alpha"] != taken["beta"]
+    assert real_chain.snapshot_names() == sorted(taken.values())
+    for name in names:
+        found = real_chain.snapshot_object("podsnapshots", taken[name])
+        assert found is not None
+        assert found["metadata"]["labels"][TRIGGERED_BY] == f"ws-{name}-trigger"
+        assert found["metadata"]["labels"][ORIGIN_POD] == pods[name]
+        assert containers[name].frozen  # stopped by its own snapshot
+    assert ours(real_chain, "podsnapshotmanualtriggers") == []
+    assert ours(real_chain, "podsnapshotpolicies") == []
+
+    # When the user resumes both from outside at once
+    resumes = [resume_in_background(real_chain, tmp_path, name) for name in names]
+    outputs = [process.communicate(timeout=300) for process in resumes]
+    assert [p.returncode for p in resumes] == [0, 0], outputs
+
+    # Then each came back live from its own snapshot (the add-on pinned it on the new pod, GKE
+    # restored it and said which), the very process that paused, with its own data
+    for name in names:
+        resumed = real_chain.running(labs[name], previous_pod=first_pods[name])
+        assert resumed is containers[name]
+        new_pod = real_chain.pod_of(name)
+        assert new_pod is not None
+        assert new_pod["metadata"]["annotations"][PIN_ANNOTATION] == taken[name]
+        restored = condition(new_pod, RESTORED)
+        assert restored["status"] == "True" and taken[name] in restored["message"], restored
+        server = server_of(labs[name], resumed)
+        ready = server.wait_state("a.ipynb", "ready", "partial", "failed", timeout=180)
+        assert ready["how"] == "live" and ready["kernel_id"] == kernels[name], ready
+        assert f"restored from snapshot {taken[name]}" in ready["message"], ready["message"]
+        assert server.run(kernels[name], CHECKSUM_CELL) == expected[name]
+    # And the add-on retires both snapshots and both triggers
+    real_chain.wait(
+        lambda: (
+            not real_chain.snapshot_names()
+            and not real_chain.snapshot_objects("podsnapshotmanualtriggers")
+        ),
+        90,
+        "the add-on to retire both snapshots and their triggers",
+    )
