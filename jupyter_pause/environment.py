@@ -218,7 +218,8 @@ class Environment:
                     if self.o._tasks.get(record.path) is self.pausing:
                         self.o._tasks.pop(record.path)
                 await self.write(state)  # what the provisional record could not say yet
-                await self._after_restore(await self.backend.environment_facts())
+                # (the node may post PodRestored a moment after this process was thawed)
+                await self._after_restore(await self.backend.wait_until_moved(facts.instance))
                 return
             await self.write(state)
             self._mark_paused(running, state, outcome, tokens)

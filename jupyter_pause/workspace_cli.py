@@ -15,8 +15,10 @@ imported only here so that the other commands stay fast. What they show:
 
 An ``Error`` state (the controller's: ImagePullBackOff, CrashLoopBackOff, an invalid
 WorkspaceKind; or the pod's own container waiting on one of those) is ``error``: nothing comes
-of waiting for it until someone fixes the cause. The one Error that is a wait, a pod the
-scheduler cannot place yet (no GPU free), is ``waiting-for-resources``.
+of waiting for it until someone fixes the cause. The Errors that are a wait are not: a pod the
+scheduler cannot place yet (no GPU free) is ``waiting-for-resources``, and a pod on its way
+whose last warning event the controller still shows (none of its containers stuck) is
+``restoring``, with that message.
 
 ``resume`` unpauses the Workspace (unless it already is: a second resume joins the first)
 and follows the pod until the server in it reports the restore of every notebook; it stops at
@@ -143,7 +145,11 @@ def view(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     if phase == "Running" and not recorded:
         return {**record, "state": "running", "message": "Running; no pause is recorded."}
     if phase != "Running" or recorded.get("instance") != facts.instance:
-        return {**record, "state": "restoring", "message": "The pod is starting its server."}
+        said = status.get("stateMessage") if status.get("state") == WORKSPACE_ERROR else ""
+        message = "The pod is starting its server" + (
+            f" (the controller says: {said})" if said else ""
+        )
+        return {**record, "state": "restoring", "message": message + "."}
     state = recorded.get("state") or "restoring"
     return {**record, "state": state, "message": restored_message(recorded)}
 
@@ -162,6 +168,11 @@ def error_message(status: dict[str, Any], pod: dict[str, Any] | None) -> str:
             break
     if status.get("state") == WORKSPACE_ERROR:
         said = status.get("stateMessage") or "no message"
+        if pod and not stuck:
+            # The controller keeps a pod's last warning event as its Error until the pod is
+            # Ready: the scheduler's FailedScheduling outlives the wait for a GPU, a slow mount
+            # its retry. A pod whose containers are not stuck is still on its way.
+            return ""
         return f"The Workspace is in Error: {said}" + (f"; {stuck}" if stuck else "") + "."
     if stuck:
         return f"The pod {(pod.get('metadata') or {}).get('name')} cannot start: {stuck}."

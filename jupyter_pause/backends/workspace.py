@@ -84,6 +84,9 @@ class WorkspaceSettings:
     snapshot_timeout_seconds: float = 900.0
     poll_seconds: float = 1.0
     gvisor_checkpoint: str = GVISOR_CHECKPOINT
+    #: How long a process that runs again in a new pod waits for the node to post
+    #: ``PodRestored`` (the proof of a live restore) before taking the pod as a cold start.
+    restored_condition_seconds: float = 60.0
 
 
 def detect(service_account_dir: str, environ: dict[str, str]) -> bool:
@@ -280,14 +283,25 @@ class WorkspaceBackend(EnvironmentBackend):
         return facts_of(pod)
 
     async def wait_until_moved(self, instance: str) -> EnvironmentFacts:
+        """The facts of the new pod this process runs in once it does. This process running
+        again is not the proof of a live restore: the node's ``PodRestored`` is, and the node
+        posts it with the pod's status, which may come after the process was thawed. So a new
+        pod that does not say yet is watched a while before it counts as a cold start."""
+        moved_at: float | None = None
         while True:
             try:
                 facts = await self.environment_facts()
                 if facts.instance and facts.instance != instance:
-                    self.pod = await asyncio.to_thread(
-                        self._api().get_pod, self.settings.namespace, self.settings.pod_name
-                    )
-                    return facts
+                    moved_at = moved_at if moved_at is not None else time.monotonic()
+                    waited = time.monotonic() - moved_at
+                    if (
+                        facts.restored is not None
+                        or waited >= self.settings.restored_condition_seconds
+                    ):
+                        self.pod = await asyncio.to_thread(
+                            self._api().get_pod, self.settings.namespace, self.settings.pod_name
+                        )
+                        return facts
             except BackendError:
                 pass  # the pod is being replaced, or the API is away: look again
             await asyncio.sleep(self.settings.poll_seconds)

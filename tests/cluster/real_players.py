@@ -1972,7 +1972,10 @@ class RealPlayedCluster:
             **base_env,
             "HOME": str(home),
             "JUPYTER_CONFIG_DIR": str(config),
-            "JUPYTER_CONFIG_PATH": str(etc),
+            # The image's /etc/jupyter is the system path, below the user's config; here it can
+            # only be a JUPYTER_CONFIG_PATH entry, which Jupyter ranks above the user's: listing
+            # the user's first keeps a real pod's order (the image's JSON would win otherwise).
+            "JUPYTER_CONFIG_PATH": os.pathsep.join((str(config), str(etc))),
             "JUPYTER_RUNTIME_DIR": str(workdir / "runtime"),
             **env_pod,
         }
