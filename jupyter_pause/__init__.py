@@ -32,9 +32,9 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 
 def _jupyter_server_extension_points() -> list[dict[str, Any]]:
-    from .app import PauseApp
+    from .server.app import PauseApp
 
-    return [{"module": "jupyter_pause.app", "app": PauseApp}]
+    return [{"module": "jupyter_pause.server.app", "app": PauseApp}]
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -292,7 +292,7 @@ def test_a_resume_waits_through_pending_and_stops_on_the_controllers_error(corne
 
 def test_status_shows_the_workspaces_state_and_the_mode_of_its_pause(corner: Corner) -> None:
     from jupyter_pause.backends.base import SnapshotOutcome
-    from jupyter_pause.environment import Environment
+    from jupyter_pause.server.environment import Environment
 
     # Given a Workspace paused by its server in the pod-snapshots mode (the annotation written
     # by the server's own code), which the controller says is Paused

@@ -18,7 +18,7 @@ import pytest
 
 from jupyter_pause.backends.local import GpuPool
 from jupyter_pause.kernel import store as store_mod
-from jupyter_pause.orchestrator import Orchestrator
+from jupyter_pause.server.orchestrator import Orchestrator
 
 from .cli_runner import Cli
 from .servers import Server, pause_and_wait

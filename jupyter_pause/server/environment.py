@@ -31,12 +31,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..backends.base import BackendError, EnvironmentBackend, EnvironmentFacts, SnapshotOutcome
+from ..formatting import format_bytes, format_duration
+from ..kernel import store as store_mod
+from ..kernel.token import process_token
+from ..records import SessionRecord
 from . import metrics
-from .backends.base import BackendError, EnvironmentBackend, EnvironmentFacts, SnapshotOutcome
-from .formatting import format_bytes, format_duration
-from .kernel import store as store_mod
-from .kernel.token import process_token
-from .records import SessionRecord
+from .states import RUNNING_STATES, Conflict
 
 if TYPE_CHECKING:
     from .orchestrator import Orchestrator
@@ -125,8 +126,6 @@ class Environment:
 
     # -- pause ------------------------------------------------------------------------------------
     def running(self) -> list[SessionRecord]:
-        from .orchestrator import RUNNING_STATES
-
         return sorted(
             (r for r in self.o.records.values() if r.state in RUNNING_STATES and r.kernel_id),
             key=lambda r: r.path,
@@ -134,8 +133,6 @@ class Environment:
 
     async def pause(self, path: str, reason: str, origin: str = "user") -> SessionRecord:
         """Pause the whole environment because of ``path`` (returns at once; follow states)."""
-        from .orchestrator import Conflict
-
         record = await self.o.get(path)
         if self.paused_here is not None or (self.pausing is not None and not self.pausing.done()):
             raise Conflict(f"Cannot pause {path}: the whole workspace is already pausing or paused")
@@ -162,8 +159,6 @@ class Environment:
         return record
 
     async def _run_pause(self, running: list[SessionRecord], reason: str, origin: str) -> None:
-        from .orchestrator import Conflict
-
         try:
             try:
                 facts = await self.backend.environment_facts()
@@ -531,8 +526,6 @@ class Environment:
     async def _platform_checkpoint(self, record: SessionRecord) -> bool:
         """Checkpoint one kernel for a SIGTERM: a running cell would die with the pod anyway,
         so it is interrupted first (what it computed so far is saved)."""
-        from .orchestrator import Conflict
-
         if record.activity.busy and record.kernel_id:
             with contextlib.suppress(Exception):
                 await self.o.bridge.kernel_manager.interrupt_kernel(record.kernel_id)

@@ -23,41 +23,26 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..backends.base import Backend, BackendError, EnvironmentBackend, SessionSpec
+from ..formatting import format_bytes, format_count, format_duration, format_reasons
+from ..kernel import store as store_mod
+from ..policy import Policy
+from ..records import KernelActivity, RecordWriter, SessionRecord, read_folder
 from . import holds, metrics, store_view
-from .backends.base import Backend, BackendError, EnvironmentBackend, SessionSpec
 from .environment import Environment
-from .formatting import format_bytes, format_count, format_duration, format_reasons
-from .kernel import store as store_mod
-from .kernel_bridge import KernelActivity, KernelBridge, KernelCallError
-from .policy import Policy
-from .records import STATES, RecordWriter, SessionRecord, read_folder
+from .kernel_bridge import KernelBridge, KernelCallError
+from .states import (
+    IN_FLIGHT_STATES,
+    RUNNING_AGAIN,
+    RUNNING_STATES,
+    STATES,
+    Conflict,
+    PauseError,
+    UnknownSession,
+)
 from .store_view import StoreView, inspect_store
 
-RUNNING_STATES = ("active", "ready", "partial")
-# What a finished resume (or a restore typed into the notebook) clears: the session runs again.
-_RUNNING_AGAIN: dict[str, Any] = {
-    "paused_during_cell": None,
-    "paused_process_token": None,
-    "paused_checkpoint_id": None,
-    "unrestored_kernel": False,
-}
-IN_FLIGHT_STATES = ("checkpointing", "pausing", "resuming", "waiting-for-resources", "restoring")
-
 log = logging.getLogger(__name__)
-
-
-class PauseError(Exception):
-    """A request that cannot be carried out; ``status`` is the HTTP status to answer with."""
-
-    status = 400
-
-
-class UnknownSession(PauseError):
-    status = 404
-
-
-class Conflict(PauseError):
-    status = 409
 
 
 def restore_shortfall(result: dict[str, Any]) -> dict[str, str]:
@@ -1088,7 +1073,7 @@ class Orchestrator:
                 restore=result,
                 progress=None,
                 error=error,
-                **_RUNNING_AGAIN,
+                **RUNNING_AGAIN,
             )
             metrics.resume_finished("partial", ready.at - started)
             return
@@ -1100,7 +1085,7 @@ class Orchestrator:
             restore=result,
             progress=None,
             error=None,
-            **_RUNNING_AGAIN,
+            **RUNNING_AGAIN,
         )
         metrics.resume_finished(how, ready.at - started)
 
