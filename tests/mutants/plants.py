@@ -100,9 +100,9 @@ PLANTS = (
     Plant(
         "no competing restores",
         "a second resume does not join the one in flight",
-        "jupyter_pause/server/orchestrator.py",
-        "            if path in self._tasks and record.state in (\n",
-        "            if False and path in self._tasks and record.state in (\n",
+        "jupyter_pause/server/resuming.py",
+        "            if path in self.sessions.tasks and record.state in (\n",
+        "            if False and path in self.sessions.tasks and record.state in (\n",
         ("tests/test_server.py::test_twenty_concurrent_resumes_make_one_restore",),
     ),
     Plant(
@@ -125,7 +125,7 @@ PLANTS = (
     Plant(
         "checkpoint at 80% of the culler's timeout",
         "the threshold is 190%",
-        "jupyter_pause/server/orchestrator.py",
+        "jupyter_pause/server/idle.py",
         "idle_for < 0.8 * self.cull_idle_seconds",
         "idle_for < 1.9 * self.cull_idle_seconds",
         ("tests/test_server.py::test_the_culler_checkpoint_comes_at_80_percent_of_its_timeout",),
@@ -133,7 +133,7 @@ PLANTS = (
     Plant(
         "young sessions are not auto-paused",
         "min_running_minutes ignored",
-        "jupyter_pause/server/orchestrator.py",
+        "jupyter_pause/server/idle.py",
         "                and running_for >= rules.min_running_minutes * 60\n",
         "",
         ("tests/test_server.py::test_young_sessions_are_not_auto_paused",),
@@ -157,7 +157,7 @@ PLANTS = (
     Plant(
         "live means the same process",
         "the token a resume checks is read after the pause (a reopened kernel's own)",
-        "jupyter_pause/server/orchestrator.py",
+        "jupyter_pause/server/resuming.py",
         "paused_token = record.paused_process_token",
         "paused_token = record.process_token",
         (
