@@ -21,9 +21,9 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from .. import __version__
 from ..contract import openapi_document
 from ..kernel import store as store_mod
+from ..version import __version__
 from .orchestrator import Orchestrator
 from .states import PauseError
 
