@@ -8,10 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-try:
-    from ._version import __version__
-except ImportError:  # running from a source tree that was never built
-    __version__ = "0.0.0+unknown"
+from .version import __version__
 
 __all__ = [
     "__version__",
@@ -32,9 +29,9 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 
 def _jupyter_server_extension_points() -> list[dict[str, Any]]:
-    from .app import PauseApp
+    from .server.app import PauseApp
 
-    return [{"module": "jupyter_pause.app", "app": PauseApp}]
+    return [{"module": "jupyter_pause.server.app", "app": PauseApp}]
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -19,25 +19,11 @@ from typing import Any
 
 from .contract import session_field_conforms
 from .kernel import store as store_mod
-from .kernel_bridge import KernelActivity
 from .timeline import Timeline
 
 log = logging.getLogger(__name__)
 
 SESSION_FILE = "session.json"
-
-STATES = (
-    "active",
-    "checkpointing",
-    "pausing",
-    "paused",
-    "resuming",
-    "waiting-for-resources",
-    "restoring",
-    "ready",
-    "partial",  # running, but the restore did not bring everything back: see ``error``
-    "failed",
-)
 
 _NUMBER = (int, float)
 #: The fields a record takes back from ``session.json`` (the rest is recomputed).
@@ -62,6 +48,19 @@ _PERSISTED = (
     "busy_seconds_before",
     "paused_during_cell",
 )
+
+
+@dataclass
+class KernelActivity:
+    """What the watcher knows about a kernel's work (the orchestrator's idea of "idle")."""
+
+    busy: bool = False
+    busy_since: float | None = None
+    execution_count: int | None = None
+    last_activity: float = 0.0
+    busy_seconds: float = 0.0  # total time spent executing cells since the watcher started
+    cells_executed: int = 0
+    watching: bool = False  # the iopub watcher is subscribed: busy/idle changes are seen
 
 
 @dataclass

@@ -16,7 +16,7 @@ import pytest
 from jupyter_server.auth.authorizer import Authorizer
 from tornado.httpclient import HTTPClientError
 
-from jupyter_pause.routes import AUTH_RESOURCE, NotFoundHandler, handlers
+from jupyter_pause.server.routes import AUTH_RESOURCE, NotFoundHandler, handlers
 
 from .servers import pause_server_config
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from jupyter_pause.kernel_bridge import KernelActivity, KernelBridge, KernelCallError
+from jupyter_pause.records import KernelActivity
+from jupyter_pause.server.kernel_bridge import KernelBridge, KernelCallError
 
 from .servers import Server
 

@@ -12,7 +12,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -292,14 +291,12 @@ def test_a_resume_waits_through_pending_and_stops_on_the_controllers_error(corne
 
 def test_status_shows_the_workspaces_state_and_the_mode_of_its_pause(corner: Corner) -> None:
     from jupyter_pause.backends.base import SnapshotOutcome
-    from jupyter_pause.environment import Environment
+    from jupyter_pause.server.environment_file import pause_state
 
     # Given a Workspace paused by its server in the pod-snapshots mode (the annotation written
     # by the server's own code), which the controller says is Paused
     outcome = SnapshotOutcome("snap-1", None, seconds=12.5, mode="pod-snapshots")
-    state = Environment._state(
-        SimpleNamespace(token="t"), [], "idle", "user", "uid-1", outcome, "p1", time.time()
-    )
+    state = pause_state("t", [], "idle", "user", "uid-1", outcome, "p1", time.time())
     assert state["mode"] == "pod-snapshots"  # what the server writes, read as the CLI reads it
     corner.workspace("lab", paused=True, annotations={STATE_ANNOTATION: json.dumps(state)})
     corner.controller_status("lab", "Paused", "Workspace is paused")

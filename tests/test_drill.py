@@ -18,7 +18,7 @@ import pytest
 
 from jupyter_pause.backends.local import GpuPool
 from jupyter_pause.kernel import store as store_mod
-from jupyter_pause.orchestrator import Orchestrator
+from jupyter_pause.server.resuming import Resumes
 
 from .cli_runner import Cli
 from .servers import Server, pause_and_wait
@@ -170,16 +170,16 @@ async def test_the_drill_fails_when_the_gpu_is_not_released(
     assert "FAILED GPU released: the GPU was not released" in stderr
 
 
-class RestoresTwice(Orchestrator):
+class RestoresTwice(Resumes):
     """Starts another restore for a resume request while one is in flight (never joins)."""
 
-    async def resume(self, path: str) -> Any:
-        record = await super().resume(path)
-        task = self._tasks.get(path)
+    async def start(self, record: Any) -> Any:
+        record = await super().start(record)
+        task = self.sessions.tasks.get(record.path)
         started = self.__dict__.setdefault("started_restores", set())  # (set by __class__)
         if task is not None and task in started:  # this request joined: start another anyway
             record.timeline.add("resume_requested")
-            self._spawn(self._run_resume(record))
+            self.kernels.spawn(self.run(record))
         elif task is not None:
             started.add(task)
         return record
@@ -188,7 +188,7 @@ class RestoresTwice(Orchestrator):
 async def test_the_drill_fails_when_a_second_restore_runs(
     server: Server, jp: Cli, tmp_path: Path
 ) -> None:
-    server.orchestrator.__class__ = RestoresTwice
+    server.orchestrator.resumes.__class__ = RestoresTwice
     code, _, _, report = await drill(jp, tmp_path / "drill", "--rush", "0")
     assert code == 1
     assert failures(report)["one restore for two requests"] == (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from jupyter_pause.kernel_bridge import ACTIVITY_SETTLE_SECONDS
+from jupyter_pause.server.kernel_bridge import ACTIVITY_SETTLE_SECONDS
 
 from .kernels import KernelFactory
 from .servers import Server

@@ -25,8 +25,8 @@ from openapi_spec_validator import validate
 from tornado.httpclient import HTTPClientError
 
 from jupyter_pause.contract import openapi_document
-from jupyter_pause.records import STATES
-from jupyter_pause.routes import handlers
+from jupyter_pause.server.routes import handlers
+from jupyter_pause.server.states import STATES
 
 from . import openapi_contract
 from .server_process import free_port

@@ -100,9 +100,9 @@ PLANTS = (
     Plant(
         "no competing restores",
         "a second resume does not join the one in flight",
-        "jupyter_pause/orchestrator.py",
-        "            if path in self._tasks and record.state in (\n",
-        "            if False and path in self._tasks and record.state in (\n",
+        "jupyter_pause/server/resuming.py",
+        "            if path in self.sessions.tasks and record.state in (\n",
+        "            if False and path in self.sessions.tasks and record.state in (\n",
         ("tests/test_server.py::test_twenty_concurrent_resumes_make_one_restore",),
     ),
     Plant(
@@ -116,7 +116,7 @@ PLANTS = (
     Plant(
         "authorised like jupyter-server",
         "every @authorized check removed",
-        "jupyter_pause/routes.py",
+        "jupyter_pause/server/routes.py",
         "    @authorized\n",
         "",
         ("tests/test_authorization.py",),
@@ -125,7 +125,7 @@ PLANTS = (
     Plant(
         "checkpoint at 80% of the culler's timeout",
         "the threshold is 190%",
-        "jupyter_pause/orchestrator.py",
+        "jupyter_pause/server/idle.py",
         "idle_for < 0.8 * self.cull_idle_seconds",
         "idle_for < 1.9 * self.cull_idle_seconds",
         ("tests/test_server.py::test_the_culler_checkpoint_comes_at_80_percent_of_its_timeout",),
@@ -133,7 +133,7 @@ PLANTS = (
     Plant(
         "young sessions are not auto-paused",
         "min_running_minutes ignored",
-        "jupyter_pause/orchestrator.py",
+        "jupyter_pause/server/idle.py",
         "                and running_for >= rules.min_running_minutes * 60\n",
         "",
         ("tests/test_server.py::test_young_sessions_are_not_auto_paused",),
@@ -141,7 +141,7 @@ PLANTS = (
     Plant(
         "an edit is activity",
         "the activity endpoint does nothing",
-        "jupyter_pause/routes.py",
+        "jupyter_pause/server/routes.py",
         "self.orchestrator.note_user_activity(clean_path(path))",
         "clean_path(path)",
         ("tests/test_kernel_start.py::test_reading_state_is_not_activity_but_work_is",),
@@ -149,7 +149,7 @@ PLANTS = (
     Plant(
         "metrics count what happened",
         "the pauses counter never moves",
-        "jupyter_pause/metrics.py",
+        "jupyter_pause/server/metrics.py",
         "PAUSES.labels(outcome=outcome).inc()",
         "PAUSES.labels(outcome=outcome)",
         ("tests/test_server.py::test_each_metric_moves_by_what_happened",),
@@ -157,7 +157,7 @@ PLANTS = (
     Plant(
         "live means the same process",
         "the token a resume checks is read after the pause (a reopened kernel's own)",
-        "jupyter_pause/orchestrator.py",
+        "jupyter_pause/server/resuming.py",
         "paused_token = record.paused_process_token",
         "paused_token = record.process_token",
         (

@@ -15,15 +15,15 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import zmq
 from jupyter_client.session import Session
 
-from .kernel import control
-from .kernel.server_calls import REQUEST_MSG_TYPE
+from ..kernel import control
+from ..kernel.server_calls import REQUEST_MSG_TYPE
+from ..records import KernelActivity
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +37,6 @@ ACTIVITY_SETTLE_SECONDS = 0.5
 
 class KernelCallError(Exception):
     """The kernel could not answer; the message says why in words a user can act on."""
-
-
-@dataclass
-class KernelActivity:
-    """What the watcher knows about a kernel's work (the orchestrator's idea of "idle")."""
-
-    busy: bool = False
-    busy_since: float | None = None
-    execution_count: int | None = None
-    last_activity: float = 0.0
-    busy_seconds: float = 0.0  # total time spent executing cells since the watcher started
-    cells_executed: int = 0
-    watching: bool = False  # the iopub watcher is subscribed: busy/idle changes are seen
 
 
 class KernelBridge:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .formatting import format_reasons
-from .kernel import store as store_mod
-from .records import SessionRecord
+from ..formatting import format_reasons
+from ..kernel import store as store_mod
+from ..records import SessionRecord
 
 
 async def hold(

@@ -23,95 +23,62 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..backends.base import BackendError, EnvironmentBackend, EnvironmentFacts, SnapshotOutcome
+from ..formatting import format_bytes, format_duration
+from ..kernel.token import process_token
+from ..policy import Policy
+from ..records import SessionRecord
 from . import metrics
-from .backends.base import BackendError, EnvironmentBackend, EnvironmentFacts, SnapshotOutcome
-from .formatting import format_bytes, format_duration
-from .kernel import store as store_mod
-from .kernel.token import process_token
-from .records import SessionRecord
-
-if TYPE_CHECKING:
-    from .orchestrator import Orchestrator
+from .checkpoints import Checkpoints
+from .environment_file import ENVIRONMENT_FILE, EnvironmentFile, cold_start_reason, pause_state
+from .kernel_bridge import KernelBridge
+from .sessions import Sessions, intact_text
+from .states import RUNNING_STATES, Conflict
 
 log = logging.getLogger(__name__)
 
-#: What the last pause of the environment did, beside the notebooks' folders in the store.
-ENVIRONMENT_FILE = "environment.json"
 #: Seconds the SIGTERM checkpoint may take by default: under Kubernetes' default grace of 30 s.
 PLATFORM_BUDGET_SECONDS = 25.0
 
 
-def cold_start_reason(disk: dict[str, Any], facts: EnvironmentFacts | None, error: str = "") -> str:
-    """Why a new server process restores from files: what the pause and the pod tell."""
-    if disk.get("state") != "paused":
-        return (
-            "the server stopped without a pause (its pod was deleted or its node lost); "
-            "the last checkpoints were restored"
-        )
-    if disk.get("origin") == "platform":
-        return (
-            "the platform stopped the pod (SIGTERM: an idle pause, a node drain or an upgrade) "
-            "after every notebook was checkpointed; no pod snapshot is taken then"
-        )
-    # The pod's pin names the snapshot where the pause could not write it down: a platform
-    # that stops the pod right after its snapshot (the GKE Workspaces add-on) stopped this
-    # server before it knew the snapshot's name.
-    snapshot = disk.get("snapshot") or (facts.pinned_snapshot if facts else None)
-    if not snapshot:
-        return f"no pod snapshot was taken at the pause ({disk.get('snapshot_problem') or 'none'})"
-    if facts is None:
-        return f"the pod could not be inspected ({error}), so snapshot {snapshot} is not trusted"
-    if facts.restored is None:
-        return f"the pod started fresh: snapshot {snapshot} was not restored"
-    if facts.restored is False:
-        return f"restoring snapshot {snapshot} failed ({facts.restored_message or 'PodRestored=False'})"
-    return (
-        f"snapshot {snapshot} did not match this pod: the pod says it was restored, but the "
-        "process that paused is not the one running"
-    )
-
-
 class Environment:
-    """The whole-environment pauses of an orchestrator whose backend is an EnvironmentBackend."""
+    """The whole-environment pauses of an orchestrator whose backend is an EnvironmentBackend.
 
-    def __init__(self, orchestrator: Orchestrator, backend: EnvironmentBackend) -> None:
-        self.o = orchestrator
+    It drives the same per-notebook parts as a single pause (the registry's records and
+    locks, the checkpoints), and is handed them: it never reaches back into the orchestrator.
+    """
+
+    def __init__(
+        self,
+        backend: EnvironmentBackend,
+        sessions: Sessions,
+        checkpoints: Checkpoints,
+        bridge: KernelBridge,
+        policy: Policy,
+        sync: Callable[[], Awaitable[None]],
+        resume: Callable[[SessionRecord, bool, str], Awaitable[None]],
+    ) -> None:
         self.backend = backend
-        self.file = Path(orchestrator.store_root) / ENVIRONMENT_FILE
+        self.sessions = sessions
+        self.checkpoints = checkpoints
+        self.bridge = bridge
+        self.policy = policy
+        self.sync = sync  # match jupyter-server's sessions: kernels nobody asked about yet
+        self.resume = resume  # one notebook, live where proven (``Resumes.for_environment``)
+        self.file = EnvironmentFile(Path(sessions.store_root) / ENVIRONMENT_FILE)
         self.token = process_token()
         self.pausing: asyncio.Task[None] | None = None  # checkpoints, snapshot, stop request
         self.waiting: asyncio.Task[None] | None = None  # paused: waiting to be restored or ended
         self.paused_here: dict[str, Any] | None = None  # the pause this process made, in memory
         self.restoring: asyncio.Task[None] | None = None
-
-    # -- the state file ---------------------------------------------------------------------------
-    def _read_file(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.file.read_bytes())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as err:
-            log.warning("jupyter_pause: %s is unreadable (%s); treated as no pause", self.file, err)
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    def _write_file(self, state: dict[str, Any]) -> None:
-        self.file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        store_mod.write_file_atomically(self.file, json.dumps(state, sort_keys=True).encode())
-
-    async def read(self) -> dict[str, Any]:
-        return await asyncio.to_thread(self._read_file)
-
-    async def write(self, state: dict[str, Any]) -> None:
-        await asyncio.to_thread(self._write_file, state)
 
     def status(self) -> dict[str, Any]:
         """What ``GET /status`` says about the environment (in its resources' details)."""
@@ -125,45 +92,45 @@ class Environment:
 
     # -- pause ------------------------------------------------------------------------------------
     def running(self) -> list[SessionRecord]:
-        from .orchestrator import RUNNING_STATES
-
         return sorted(
-            (r for r in self.o.records.values() if r.state in RUNNING_STATES and r.kernel_id),
+            (
+                r
+                for r in self.sessions.records.values()
+                if r.state in RUNNING_STATES and r.kernel_id
+            ),
             key=lambda r: r.path,
         )
 
-    async def pause(self, path: str, reason: str, origin: str = "user") -> SessionRecord:
-        """Pause the whole environment because of ``path`` (returns at once; follow states)."""
-        from .orchestrator import Conflict
-
-        record = await self.o.get(path)
+    async def pause(
+        self, path: str, record: SessionRecord, reason: str, origin: str = "user"
+    ) -> SessionRecord:
+        """Pause the whole environment because of ``path`` (its ``record``: that of the
+        notebook whose kernel it uses); returns at once, follow the states."""
         if self.paused_here is not None or (self.pausing is not None and not self.pausing.done()):
             raise Conflict(f"Cannot pause {path}: the whole workspace is already pausing or paused")
         running = self.running()
         async with contextlib.AsyncExitStack() as locks:
             for each in running:
-                await locks.enter_async_context(self.o._lock(each.path))
+                await locks.enter_async_context(self.sessions.lock(each.path))
             if record not in running:
-                self.o._require_running(record, "pause")
+                self.sessions.require_running(record, "pause")
             for each in running:
-                self.o._refuse_if_waiting(each, "pause")
-                self.o._require_running(each, "pause the workspace with")
+                self.checkpoints.refuse_if_waiting(each, "pause")
+                self.sessions.require_running(each, "pause the workspace with")
             for each in running:
-                await self.o._wait_idle(each, "pause")
+                await self.checkpoints.wait_idle(each, "pause")
             for each in running:
                 each.timeline.add("last_activity", at=each.activity.last_activity or each.started)
                 each.timeline.add("pause_requested", reason=reason, scope="workspace", by=path)
-                self.o._set(
+                self.sessions.set(
                     each, "checkpointing", "Saving the session state.", error=None, how=None
                 )
             self.pausing = asyncio.create_task(self._run_pause(running, reason, origin))
             for each in running:
-                self.o._tasks[each.path] = self.pausing
+                self.sessions.tasks[each.path] = self.pausing
         return record
 
     async def _run_pause(self, running: list[SessionRecord], reason: str, origin: str) -> None:
-        from .orchestrator import Conflict
-
         try:
             try:
                 facts = await self.backend.environment_facts()
@@ -173,14 +140,14 @@ class Environment:
             tokens: dict[str, str | None] = {}  # of each kernel, from its pause checkpoint
             for record in running:
                 try:
-                    _result, tokens[record.path] = await self.o._checkpoint(
+                    _result, tokens[record.path] = await self.checkpoints.take(
                         record, reason="pause", then="checkpointing"
                     )
                 except Conflict as err:
                     await self._abort(running, f"{record.path} could not be checkpointed: {err}")
                     return
             for record in running:
-                self.o._set(
+                self.sessions.set(
                     record,
                     "pausing",
                     "Taking a pod snapshot.",
@@ -204,26 +171,30 @@ class Environment:
                 mode=mode,
                 mode_reason=why,
             )
-            await self.write(
-                self._state(running, reason, origin, facts.instance, unfinished, pause_id, at)
+            await self.file.write(
+                pause_state(
+                    self.token, running, reason, origin, facts.instance, unfinished, pause_id, at
+                )
             )
             outcome = await self.backend.snapshot_environment(on_phase)
-            state = self._state(running, reason, origin, facts.instance, outcome, pause_id, at)
+            state = pause_state(
+                self.token, running, reason, origin, facts.instance, outcome, pause_id, at
+            )
             if outcome.resumed_from_snapshot:
                 # This is the restored copy: the pause happened (its kernels' tokens recorded
                 # as at any pause), now prove what came back.
                 self._mark_paused(running, state, outcome, tokens)
                 self.paused_here = state
                 for record in running:  # the pause is over: its resume may begin
-                    if self.o._tasks.get(record.path) is self.pausing:
-                        self.o._tasks.pop(record.path)
-                await self.write(state)  # what the provisional record could not say yet
+                    if self.sessions.tasks.get(record.path) is self.pausing:
+                        self.sessions.tasks.pop(record.path)
+                await self.file.write(state)  # what the provisional record could not say yet
                 # (the node may post PodRestored a moment after this process was thawed)
                 await self._after_restore(await self.backend.wait_until_moved(facts.instance))
                 return
-            await self.write(state)
+            await self.file.write(state)
             self._mark_paused(running, state, outcome, tokens)
-            await self.o.writer.flush()
+            await self.sessions.writer.flush()
             if outcome.name:  # retention: older snapshots go before the pod does
                 await self.expire_snapshots()
             try:
@@ -249,38 +220,10 @@ class Environment:
             return
         finally:
             for record in running:
-                if self.o._tasks.get(record.path) is self.pausing:
-                    self.o._tasks.pop(record.path)
+                if self.sessions.tasks.get(record.path) is self.pausing:
+                    self.sessions.tasks.pop(record.path)
         # Paused: the platform ends this process, or brings it back from the snapshot.
         self.waiting = asyncio.create_task(self._wait_for_restore(facts.instance))
-
-    def _state(
-        self,
-        running: list[SessionRecord],
-        reason: str,
-        origin: str,
-        instance: str,
-        outcome: SnapshotOutcome,
-        pause_id: str,
-        at: float,
-    ) -> dict[str, Any]:
-        """What ``environment.json`` (and the Workspace's annotation) say about a pause."""
-        return {
-            "state": "paused",
-            "pause_id": pause_id,
-            "origin": origin,
-            "reason": reason,
-            "server_token": self.token,
-            "instance": instance,
-            "mode": outcome.mode,
-            "mode_reason": outcome.mode_reason,
-            "snapshot": outcome.name,
-            "snapshot_problem": outcome.problem,
-            "snapshot_seconds": round(outcome.seconds, 3),
-            "notebooks": [r.path for r in running],
-            "bytes": sum(int((r.checkpoint or {}).get("bytes", 0)) for r in running),
-            "paused_at": at,
-        }
 
     def _mark_paused(
         self,
@@ -310,7 +253,7 @@ class Environment:
                 **(record.checkpoint or {}),
                 **({"snapshot": outcome.name} if outcome.name else {}),
             }
-            self.o._set(
+            self.sessions.set(
                 record,
                 "paused",
                 f"Paused since {when} with the whole workspace ({saved} saved; {snapshot}).",
@@ -323,14 +266,14 @@ class Environment:
 
     async def _abort(self, running: list[SessionRecord], what: str) -> None:
         """A pause that cannot finish: every kernel keeps running, each record says why."""
-        disk = await self.read()  # "paused" from before the snapshot on: no more
+        disk = await self.file.read()  # "paused" from before the snapshot on: no more
         if disk.get("state") == "paused":
             with contextlib.suppress(OSError):
-                await self.write({**disk, "state": "running"})
+                await self.file.write({**disk, "state": "running"})
         for record in running:
-            intact = self.o._intact_text(record.checkpoint)
+            intact = intact_text(record.checkpoint)
             record.timeline.add("failed", what=f"pause: {what}")
-            self.o._set(
+            self.sessions.set(
                 record,
                 "active",
                 f"Pause failed: {what}. The session keeps running.",
@@ -348,7 +291,7 @@ class Environment:
         """This process runs again, in a new pod: prove a live restore, or restore from files."""
         mine = self.paused_here or {}
         self.paused_here = None
-        disk = await self.read()
+        disk = await self.file.read()
         frozen = time.time() - float(mine.get("paused_at") or time.time())
         snapshot = mine.get("snapshot")
         if (
@@ -374,21 +317,21 @@ class Environment:
             dict.fromkeys([*(mine.get("notebooks") or []), *(disk.get("notebooks") or [])])
         )
         for path in paths:
-            record = self.o.records.get(path)
-            if record is not None and record.kernel_id in self.o.bridge.kernel_manager:
+            record = self.sessions.records.get(path)
+            if record is not None and record.kernel_id in self.bridge.kernel_manager:
                 with contextlib.suppress(Exception):
-                    await self.o.bridge.kernel_manager.shutdown_kernel(record.kernel_id)
+                    await self.bridge.kernel_manager.shutdown_kernel(record.kernel_id)
         await self.restore_all(paths, False, note, facts, frozen)
 
     async def on_start(self) -> None:
         """A new server process: restore what was paused, or running when the last one died."""
-        disk = await self.read()
+        disk = await self.file.read()
         paths = list(disk.get("notebooks") or []) if disk.get("state") == "paused" else []
-        paths += [p for p in self.o.interrupted if p not in paths]
-        paths = [p for p in paths if p in self.o.records]
+        paths += [p for p in self.sessions.interrupted if p not in paths]
+        paths = [p for p in paths if p in self.sessions.records]
         if not paths:
             if disk.get("state") == "paused":
-                await self.write({**disk, "state": "running"})
+                await self.file.write({**disk, "state": "running"})
             return
         facts, error = None, ""
         try:
@@ -414,22 +357,22 @@ class Environment:
                 {"state": "restoring", "instance": instance, "reason": note, "at": time.time()}
             )
         for path in paths:
-            record = self.o.records.get(path)
+            record = self.sessions.records.get(path)
             if record is None:
                 continue
             try:
-                await self.o.resume_for_environment(record, trust_live, note)
+                await self.resume(record, trust_live, note)
             except Exception:  # one notebook must not stop the others
                 log.exception("jupyter_pause: restoring %s failed", path)
-        states = {p: self.o.records[p].state for p in paths if p in self.o.records}
-        hows = {self.o.records[p].how for p in states}
+        states = {p: self.sessions.records[p].state for p in paths if p in self.sessions.records}
+        hows = {self.sessions.records[p].how for p in states}
         overall = (
             "ready"
             if set(states.values()) <= {"ready"}
             else ("failed" if "failed" in states.values() else "partial")
         )
-        disk = await self.read()
-        await self.write({**disk, "state": "running"})
+        disk = await self.file.read()
+        await self.file.write({**disk, "state": "running"})
         summary = {
             # how the pause that ended here was taken (a cold start after a SIGTERM: none)
             **{key: disk[key] for key in ("mode", "mode_reason") if disk.get(key)},
@@ -449,7 +392,7 @@ class Environment:
     # -- snapshot hygiene -------------------------------------------------------------------------
     async def snapshots(self) -> dict[str, Any]:
         """The pod snapshots this workspace made, the pinned one (restored next) marked."""
-        pinned = (await self.read()).get("snapshot")
+        pinned = (await self.file.read()).get("snapshot")
         try:
             found = await self.backend.list_snapshots()
         except BackendError as err:
@@ -462,8 +405,8 @@ class Environment:
 
     async def expire_snapshots(self) -> dict[str, Any]:
         """Retention for pod snapshots: the pinned one stays, then the newest ``keep_last``."""
-        pinned = (await self.read()).get("snapshot")
-        policy = self.o.policy
+        pinned = (await self.file.read()).get("snapshot")
+        policy = self.policy
         try:
             deleted = await self.backend.expire_snapshots(
                 policy.snapshots_keep_last, policy.max_age_hours, pinned
@@ -483,8 +426,8 @@ class Environment:
                 await asyncio.wait_for(asyncio.shield(self.pausing), budget)
             return
         with contextlib.suppress(Exception):  # kernels nobody asked about yet count too
-            await asyncio.wait_for(self.o.sync_sessions(), max(0.1, deadline - time.monotonic()))
-        running = [r for r in self.running() if r.path not in self.o._tasks]
+            await asyncio.wait_for(self.sync(), max(0.1, deadline - time.monotonic()))
+        running = [r for r in self.running() if r.path not in self.sessions.tasks]
         if not running:
             return
         started = time.time()
@@ -501,9 +444,9 @@ class Environment:
             if not failed:
                 saved += int((record.checkpoint or {}).get("bytes", 0))
             why = "not saved in time" if job in late else "could not be checkpointed"
-            intact = self.o._intact_text(record.checkpoint)
+            intact = intact_text(record.checkpoint)
             record.timeline.add("kernel_stopped", origin="platform")
-            self.o._set(
+            self.sessions.set(
                 record,
                 "paused",
                 f"Paused by the platform at {when} (SIGTERM)"
@@ -514,10 +457,12 @@ class Environment:
         for job in late:
             job.cancel()
         none = SnapshotOutcome(None, "the platform stopped the pod (SIGTERM)")
-        state = self._state(running, reason, "platform", "", none, secrets.token_hex(8), started)
+        state = pause_state(
+            self.token, running, reason, "platform", "", none, secrets.token_hex(8), started
+        )
         state.update(bytes=saved, checkpoint_seconds=round(time.time() - started, 3))
-        await self.write(state)
-        await self.o.writer.flush()
+        await self.file.write(state)
+        await self.sessions.writer.flush()
         log.warning(
             "jupyter_pause: SIGTERM: %d notebook(s) checkpointed in %.2f s (budget %.0f s)",
             len(done),
@@ -532,15 +477,13 @@ class Environment:
     async def _platform_checkpoint(self, record: SessionRecord) -> bool:
         """Checkpoint one kernel for a SIGTERM: a running cell would die with the pod anyway,
         so it is interrupted first (what it computed so far is saved)."""
-        from .orchestrator import Conflict
-
         if record.activity.busy and record.kernel_id:
             with contextlib.suppress(Exception):
-                await self.o.bridge.kernel_manager.interrupt_kernel(record.kernel_id)
+                await self.bridge.kernel_manager.interrupt_kernel(record.kernel_id)
             while record.activity.busy:
                 await asyncio.sleep(0.05)
         try:
-            await self.o._checkpoint(record, reason="pause", then="checkpointing")
+            await self.checkpoints.take(record, reason="pause", then="checkpointing")
         except Conflict:
             return False
         return True

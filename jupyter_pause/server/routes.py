@@ -21,10 +21,11 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from . import __version__
-from .contract import openapi_document
-from .kernel import store as store_mod
-from .orchestrator import Orchestrator, PauseError
+from ..contract import openapi_document
+from ..kernel import store as store_mod
+from ..version import __version__
+from .orchestrator import Orchestrator
+from .states import PauseError
 
 #: URL namespace of the REST API, below the server's base URL.
 API_PREFIX = "jupyter-pause"
@@ -261,7 +262,7 @@ class UsageHandler(PauseAPIHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self) -> None:
-        from .usage import sources  # the report's code: loaded when first asked for
+        from ..usage import sources  # the report's code: loaded when first asked for
 
         await self.run(self.orchestrator.sync_sessions())
         prices = self.settings.get("jupyter_pause_prices") or {}

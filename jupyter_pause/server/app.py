@@ -17,15 +17,15 @@ from typing import Any
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Dict, Enum, Float, Int, Unicode, default, validate
 
+from ..backends.base import Backend, BackendError
+from ..backends.kube import SERVICE_ACCOUNT_DIR
+from ..backends.local import LocalBackend, detect_gpus
+from ..kernel.autoload import AUTOLOAD_ENV
+from ..kernel.store import default_store_root
+from ..policy import Policy
 from . import metrics
-from .backends.base import Backend, BackendError
-from .backends.kube import SERVICE_ACCOUNT_DIR
-from .backends.local import LocalBackend, detect_gpus
-from .kernel.autoload import AUTOLOAD_ENV
-from .kernel.store import default_store_root
 from .kernel_bridge import KernelBridge
 from .orchestrator import Orchestrator
-from .policy import Policy
 from .routes import handlers
 
 BACKENDS = ("auto", "local", "workspace", "criu")
@@ -264,7 +264,7 @@ class PauseApp(ExtensionApp):
 
     def _backend(self, serverapp: Any) -> tuple[Backend, int]:
         """The configured backend (auto-detected in a pod) and the GPUs it has."""
-        from .backends import workspace
+        from ..backends import workspace
 
         name = self.backend
         if name == "auto":
@@ -299,7 +299,7 @@ class PauseApp(ExtensionApp):
         return backend, backend.gpus
 
     def _criu_backend(self, serverapp: Any) -> tuple[Backend, int]:
-        from .backends.criu import CriuBackend, CriuSettings
+        from ..backends.criu import CriuBackend, CriuSettings
 
         backend = CriuBackend(
             serverapp.kernel_manager,

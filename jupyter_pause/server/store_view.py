@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .kernel import store as store_mod
-from .policy import Policy
+from ..kernel import store as store_mod
+from ..policy import Policy
 
 
 @dataclass

@@ -1,0 +1,352 @@
+"""The resume of one notebook: a GPU, a kernel, and the state back in it, live or from files.
+
+``start`` returns at once with the record in ``resuming`` (or joins the resume in flight: two
+tabs, the CLI and the UI, retries all get one restore). ``run`` asks the backend for
+resources (``waiting-for-resources`` while queued) and a kernel, then proves a live restore
+(the kernel shows the very process token recorded at the pause) or restores the checkpoint from
+files. What did not come back is held (see ``holds.py``) and the session is ``partial``, never
+``ready``. A failed resume leaves the checkpoint intact and says how to recover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from typing import Any
+
+from ..backends.base import Backend, BackendError
+from ..formatting import format_count, format_reasons
+from ..policy import Policy
+from ..records import SessionRecord
+from . import holds, metrics
+from .kernel_bridge import KernelBridge, KernelCallError
+from .kernels import Kernels
+from .sessions import Sessions, intact_text, resume_target, spec
+from .states import RUNNING_AGAIN, RUNNING_STATES, Conflict
+
+log = logging.getLogger(__name__)
+
+
+def restore_shortfall(result: dict[str, Any]) -> dict[str, str]:
+    """What a kernel's restore did not bring back: variables and session items, with why.
+
+    Empty when everything came back; anything else is a partial restore, never a success.
+    """
+    missing = dict(result.get("failed") or {})
+    session = result.get("session") or {}
+    if isinstance(session, dict):
+        missing.update(session.get("failed") or {})
+    return missing
+
+
+class Resumes:
+    """Resumes single notebooks, and each notebook of an environment that came back."""
+
+    def __init__(
+        self,
+        sessions: Sessions,
+        kernels: Kernels,
+        backend: Backend,
+        bridge: KernelBridge,
+        session_manager: Any,
+        policy: Policy,
+    ) -> None:
+        self.sessions = sessions
+        self.kernels = kernels
+        self.backend = backend
+        self.bridge = bridge
+        self.session_manager = session_manager
+        self.policy = policy
+
+    async def start(self, record: SessionRecord) -> SessionRecord:
+        """Start a resume, or join the one in flight (two tabs, CLI + UI, retries)."""
+        path = record.path  # a notebook sharing another's kernel resumes that one
+        async with self.sessions.lock(path):
+            if path in self.sessions.tasks and record.state in (
+                "resuming",
+                "waiting-for-resources",
+                "restoring",
+            ):
+                return record  # join the restore already running
+            if record.state in RUNNING_STATES and record.kernel_id is not None:
+                return record  # already back: a late retry gets the result
+            if path in self.sessions.tasks:
+                raise Conflict(f"Cannot resume {path}: a {record.state} is in progress")
+            if (await self.sessions.inspect(record)).latest is None:
+                raise Conflict(f"Cannot resume {path}: it has no checkpoint to restore")
+            record.timeline.add("resume_requested")
+            self.sessions.set(record, "resuming", "Resuming.", error=None, how=None, restore=None)
+            self.sessions.tasks[path] = asyncio.create_task(self.run(record))
+        return record
+
+    async def for_environment(self, record: SessionRecord, trust_live: bool, note: str) -> None:
+        """Resume one notebook of an environment that came back (live where proven)."""
+        async with self.sessions.lock(record.path):
+            if record.path in self.sessions.tasks:
+                raise Conflict(f"Cannot resume {record.path}: a {record.state} is in progress")
+            record.timeline.add("resume_requested", by="workspace")
+            self.sessions.set(record, "resuming", "Resuming.", error=None, how=None, restore=None)
+            task = asyncio.create_task(self.run(record, trust_live, note))
+            self.sessions.tasks[record.path] = task
+        await task
+
+    async def run(
+        self, record: SessionRecord, trust_live: bool = True, note: str | None = None
+    ) -> None:
+        """Bring a notebook back; ``trust_live`` False: restore from files whatever the kernel
+        says (its environment was not proven to be the one that paused); ``note`` says why."""
+        sessions = self.sessions
+        started = time.time()
+        restoring = False  # once the kernel restores, a failure may have left it half-restored
+        # Recorded at the pause, never read from a kernel since: only the process that paused
+        # can show it, so a kernel started after the pause is never taken for a live one.
+        paused_token = record.paused_process_token
+        try:
+            record.gpus_needed = self.policy.for_kernelspec(record.kernel_name).gpus
+            session = spec(record)
+
+            def on_queued(place: int, reason: str) -> None:
+                sessions.set(
+                    record,
+                    "waiting-for-resources",
+                    f"Waiting for a GPU: {reason}",
+                    queue_position=place,
+                )
+
+            allocation = await self.backend.request_resources(session, on_queued)
+            record.gpus = allocation.gpus
+            record.timeline.add("resources_acquired", gpus=allocation.gpus)
+            sessions.set(
+                record,
+                "restoring",
+                "Starting the kernel.",
+                queue_position=None,
+                progress={"phase": "starting kernel", "done": 0, "total": 0},
+            )
+            outcome = await self.backend.restore(session, allocation)
+            note = note or outcome.details.get("why")
+            record.kernel_id = outcome.kernel_id
+            await self.kernels.attach(record, outcome.kernel_id, record.kernel_name)
+            sessions.set(record, "restoring", "Restoring the session state.")
+            hello = await self._hello_after_restore(record, outcome.kernel_id, outcome.live)
+            token = hello.get("token")
+            if trust_live and paused_token and token == paused_token:
+                # The very process that paused is alive again.
+                live = {k: v for k, v in outcome.details.items() if k != "why"}
+                if record.paused_during_cell is not None:
+                    live["during_cell"] = record.paused_during_cell
+                record.timeline.add(
+                    "state_restored",
+                    how="live",
+                    token_matched=True,
+                    **live,
+                    **({"why": note} if note else {}),
+                )
+                await self._reopen_sharing(record, outcome.kernel_id)
+                await self._finish(record, "live", None, started, note)
+                return
+            if trust_live and outcome.live and not note:
+                note = "the kernel that came back is not the process that paused"
+            target = resume_target(record, await sessions.inspect(record))
+            restoring = True
+            answer = await self.bridge.call(
+                outcome.kernel_id,
+                "restore",
+                self.policy.kernel_call_timeout_seconds,
+                key=record.key,
+                checkpoint_id=(target or {}).get("id"),
+            )
+            if not answer.get("ok"):
+                raise KernelCallError(str(answer.get("error") or f"unexpected answer {answer}"))
+            result = answer.get("result")
+            if not isinstance(result, dict) or not isinstance(result.get("checkpoint_id"), int):
+                raise KernelCallError(f"unexpected answer from the kernel: {answer}")
+            result.pop("notebook", None)  # the notebook's absolute path: the record has its path
+            record.timeline.add(
+                "state_restored",
+                how="files",
+                checkpoint_id=result["checkpoint_id"],
+                restored=result.get("restored", []),
+                failed=restore_shortfall(result),
+                **({"why": note} if note else {}),
+            )
+            await self._reopen_sharing(record, outcome.kernel_id)
+            await self._finish(record, "files", result, started, note)
+        except Exception as err:  # a backend's bug too: never leave the session "resuming"
+            if not isinstance(err, BackendError | KernelCallError):
+                log.exception("jupyter_pause: resuming %s failed", record.path)
+            latest = (await sessions.inspect(record)).latest
+            if restoring and latest is not None:
+                # The kernel may hold part of the state: keep every checkpoint until it is
+                # restored in full, or the user decides to carry on without it.
+                missing = {"(everything)": f"the restore failed: {err}"}
+                await holds.hold(sessions.store_for(record), record, latest["id"], missing)
+            recovery = (intact_text(latest).strip() or "No data was changed.") + (
+                " Resume again to restore from files, or run `%checkpoint restore` in a new kernel."
+            )
+            if record.hold:
+                recovery += " " + holds.advice(record)
+            record.timeline.add("failed", what=f"resume: {err}", recovery=recovery)
+            sessions.set(
+                record,
+                "failed",
+                f"Resume failed: {err}",
+                progress=None,
+                queue_position=None,
+                error={"what": f"resume failed: {err}", "recovery": recovery},
+            )
+            metrics.resume_finished("failed", None)
+        finally:
+            sessions.tasks.pop(record.path, None)
+
+    async def note_restore_in_notebook(
+        self, record: SessionRecord, kernel_id: str, result: Any
+    ) -> None:
+        """A restore typed into the notebook (``%checkpoint restore``). In a paused notebook's
+        new kernel it is the resume, from files, as if Resume had been pressed; a restore of
+        some variables by name leaves the rest missing (partial, held). In a running session
+        it only goes on the timeline."""
+        if not isinstance(result, dict) or not isinstance(result.get("checkpoint_id"), int):
+            return
+        async with self.sessions.lock(record.path):
+            if record.kernel_id != kernel_id or record.path in self.sessions.tasks:
+                return
+            restored = [n for n in result.get("restored") or [] if isinstance(n, str)]
+            result = {**result, "failed": dict(result.get("failed") or {})}
+            if record.state not in ("paused", "failed"):
+                record.timeline.add(
+                    "checkpoint_restored",
+                    by="notebook",
+                    checkpoint_id=result["checkpoint_id"],
+                    restored=restored,
+                    failed=restore_shortfall(result),
+                )
+                self.sessions.save(record)
+                return
+            asked = f"`%checkpoint restore {result['checkpoint_id']} {' '.join(restored)}`"
+            for name in result.get("not_asked") or []:
+                result["failed"][name] = (
+                    f"not asked for: {asked} restored only {', '.join(restored)}"
+                )
+            result.pop("notebook", None)
+            started = time.time()
+            record.timeline.add("resume_requested", by="notebook")
+            record.timeline.add(
+                "state_restored",
+                how="files",
+                by="notebook",
+                checkpoint_id=result["checkpoint_id"],
+                restored=restored,
+                failed=restore_shortfall(result),
+            )
+            await self._finish(
+                record,
+                "files",
+                result,
+                started,
+                "restored by `%checkpoint restore` in the notebook",
+            )
+
+    def note_first_cell(self, record: SessionRecord, data: dict[str, Any]) -> None:
+        """The first cell after a resume ran: the time from Resume to work goes on record."""
+        record.awaiting_first_cell = False
+        event = record.timeline.add("first_cell_executed", **data)
+        resumed = record.timeline.last("resume_requested")
+        if resumed is not None:
+            metrics.resume_to_next_cell(event.at - resumed.at)
+        self.sessions.save(record)
+
+    async def _hello_after_restore(
+        self, record: SessionRecord, kernel_id: str, live: bool
+    ) -> dict[str, Any]:
+        """Who the kernel is. A process the backend restored may be in the middle of a cell:
+        it is asked on its control channel, which the cell does not hold up."""
+        if live:
+            with contextlib.suppress(KernelCallError):
+                return await self.bridge.control(kernel_id, "identify", timeout=30)
+        return await self.bridge.call(kernel_id, "hello", timeout=300, key=record.key)
+
+    async def _finish(
+        self,
+        record: SessionRecord,
+        how: str,
+        result: dict[str, Any] | None,
+        started: float,
+        note: str | None = None,
+    ) -> None:
+        ready = record.timeline.add("kernel_ready")
+        record.awaiting_first_cell = True
+        missing: dict[str, str] = {}
+        if how == "live":
+            message = "Ready: live session restored."
+            if record.paused_during_cell is not None:
+                message = (
+                    f"Ready: live session restored; cell [{record.paused_during_cell}] runs on."
+                )
+        else:
+            assert result is not None
+            missing = restore_shortfall(result)
+            count = len(result.get("restored") or [])
+            message = f"Ready: restored from files ({format_count(count, 'variable')})."
+            held = (record.hold or {}).get("checkpoints", {})
+            if missing:
+                await holds.hold(
+                    self.sessions.store_for(record), record, result["checkpoint_id"], missing
+                )
+                message = (
+                    f"Restored partially from files ({format_count(count, 'variable')}; "
+                    f"{len(missing)} not "
+                    f"restored: {format_reasons(missing)})."
+                )
+            elif (
+                str(result["checkpoint_id"]) in held
+                and held[str(result["checkpoint_id"])].get("kind") != "shrunk"
+            ):  # all came back: that hold ends (a shrink's ends with a checkpoint)
+                await holds.release(
+                    self.sessions.store_for(record), record, result["checkpoint_id"]
+                )
+        if note:  # why it is (or is not) live, when the environment came back
+            message += f" {note[:1].upper()}{note[1:]}."
+        if record.hold and not holds.holds_missing_data(record):
+            message += f" Retention {holds.what(record)}, until a checkpoint holds them again."
+        state, error = "ready", None
+        if holds.holds_missing_data(record):
+            if not missing:
+                message += f" Still {holds.what(record)}."
+            state, error = "partial", {"what": holds.what(record), "recovery": holds.advice(record)}
+        self.sessions.set(
+            record,
+            state,
+            message,
+            how=how,
+            restore=result,
+            progress=None,
+            error=error,
+            **RUNNING_AGAIN,
+        )
+        metrics.resume_finished("partial" if state == "partial" else how, ready.at - started)
+
+    async def _reopen_sharing(self, record: SessionRecord, kernel_id: str) -> None:
+        """The notebooks that shared the paused kernel get the resumed one (their sessions
+        ended with the old kernel); a notebook that meanwhile has a kernel of its own keeps
+        it, and shares no more."""
+        for path in list(record.sharing_notebooks):
+            try:
+                existing = await self.session_manager.get_session(path=path)
+            except Exception:  # jupyter-server raises web.HTTPError(404) when there is none
+                existing = None
+            if existing is not None and (existing.get("kernel") or {}).get("id") != kernel_id:
+                record.sharing_notebooks.remove(path)
+                continue
+            if existing is None:
+                with contextlib.suppress(Exception):
+                    await self.session_manager.create_session(
+                        path=path,
+                        name=os.path.basename(path),
+                        type="notebook",
+                        kernel_name=record.kernel_name,
+                        kernel_id=kernel_id,
+                    )
