@@ -21,10 +21,10 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from . import __version__
 from .contract import openapi_document
 from .kernel import store as store_mod
 from .orchestrator import Orchestrator, PauseError
+from .version import __version__
 
 #: URL namespace of the REST API, below the server's base URL.
 API_PREFIX = "jupyter-pause"

@@ -19,8 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
-from .. import __version__, cli
-from ..formatting import format_bytes
+from ...formatting import format_bytes
+from ...version import __version__
+from ..client import PAUSE_IN_FLIGHT, RESUME_IN_FLIGHT, quote_path
 from . import notebook
 from .client import DrillError, ServerClient
 
@@ -76,7 +77,7 @@ def _count(events: list[dict[str, Any]], kind: str, since: float) -> int:
 
 
 def _alive(pid: int) -> bool:
-    from ..kernel.store import _pid_alive
+    from ...kernel.store import _pid_alive
 
     if not _pid_alive(pid):
         return False
@@ -113,7 +114,7 @@ def _gpu_inventory() -> dict[str, Any] | None:
 
 
 def _gpu_pids() -> set[int] | None:
-    from ..backends.local import gpu_pids
+    from ...backends.local import gpu_pids
 
     return gpu_pids()
 
@@ -163,12 +164,12 @@ class Drill:
             time.sleep(0.2)
 
     def pause(self, path: str) -> dict[str, Any]:
-        self.client.post("pause", cli.quote_path(path))
-        return self.wait(path, lambda r: r["state"] not in cli.PAUSE_IN_FLIGHT)
+        self.client.post("pause", quote_path(path))
+        return self.wait(path, lambda r: r["state"] not in PAUSE_IN_FLIGHT)
 
     def resume(self, path: str, seen: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        self.client.post("resume", cli.quote_path(path))
-        return self.wait(path, lambda r: r["state"] not in cli.RESUME_IN_FLIGHT, seen)
+        self.client.post("resume", quote_path(path))
+        return self.wait(path, lambda r: r["state"] not in RESUME_IN_FLIGHT, seen)
 
     def usage_of(self, paths: list[str]) -> dict[str, dict[str, Any]]:
         listing = self.client.get("usage")
@@ -304,7 +305,7 @@ class Drill:
         else:
             self.check(3, "GPU released", None, "the notebook held no GPU", "not applicable")
         self.gpu_memory_check()
-        listing = self.client.get("checkpoints", cli.quote_path(MAIN))
+        listing = self.client.get("checkpoints", quote_path(MAIN))
         kept = [c for c in listing["checkpoints"] if "damaged" not in c]
         stored = self.usage_of([MAIN]).get(MAIN, {}).get("storage_bytes", 0)
         self.numbers["pause"] = {
@@ -485,7 +486,7 @@ class Drill:
             return
         asked = time.time() - 0.5
         with ThreadPoolExecutor(2) as pool:  # two tabs asking at once
-            list(pool.map(lambda _: self.client.post("resume", cli.quote_path(MAIN)), range(2)))
+            list(pool.map(lambda _: self.client.post("resume", quote_path(MAIN)), range(2)))
         waiting = self.wait(MAIN, lambda r: r["state"] != "resuming")
         self.check(
             PROBE_STEP,
@@ -505,7 +506,7 @@ class Drill:
         released = time.time()
         for holder in holders:
             self.client.close_notebook(holder)
-        record = self.wait(MAIN, lambda r: r["state"] not in cli.RESUME_IN_FLIGHT)
+        record = self.wait(MAIN, lambda r: r["state"] not in RESUME_IN_FLIGHT)
         events = self.client.timeline(MAIN)
         restored = _count(events, "state_restored", asked)
         kernels = len(self.client.kernels_of(MAIN))
@@ -558,7 +559,7 @@ class Drill:
             self.pause(path)
         started = time.time() - 0.5
         with ThreadPoolExecutor(n) as pool:
-            list(pool.map(lambda p: self.client.post("resume", cli.quote_path(p)), paths))
+            list(pool.map(lambda p: self.client.post("resume", quote_path(p)), paths))
         reasons: dict[str, str] = {}
         values: dict[str, Any] = {}
         deadline = time.monotonic() + self.timeout
@@ -615,7 +616,7 @@ class Drill:
         found = self.client.run_cell(
             record["kernel_id"], notebook.CHECK_SMALL_STATE, self.timeout
         ).json_line()
-        self.client.post("pause", cli.quote_path(path))  # the next in the queue gets its GPU
+        self.client.post("pause", quote_path(path))  # the next in the queue gets its GPU
         return "restored" if found["value"] == value else f"wrong value {found['value']}"
 
     def _judge_rush(self, rows: list[dict[str, Any]], n: int, total: int) -> None:
