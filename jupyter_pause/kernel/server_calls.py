@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any
 
-from .store import write_private
+from .files import write_private
 from .token import process_token
 
 #: Set once a server has introduced itself: ``%pause`` then knows someone is listening.

@@ -77,9 +77,9 @@ def _count(events: list[dict[str, Any]], kind: str, since: float) -> int:
 
 
 def _alive(pid: int) -> bool:
-    from ...kernel.store import _pid_alive
+    from ...kernel.files import pid_alive
 
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return False
     try:
         with open(f"/proc/{pid}/stat") as stat:  # a zombie is gone in all but name
