@@ -19,7 +19,6 @@ from traitlets import Bool, Enum, Float, Int, Unicode, default
 from traitlets.config import Configurable
 
 from ..policy import KERNEL_POLICY_ENV
-from . import session_settings  # noqa: F401  (the built-in session settings register on import)
 from . import store as store_mod
 from .restoring import Restoring
 from .results import CheckpointError, CheckpointInfo, CheckpointResult, RestoreResult

@@ -212,6 +212,8 @@ class Restoring:
         except (RestoreError, store_mod.StoreError) as err:
             what = "imports, environment, settings" if phase == "before" else "registered magics"
             return SessionReport(failed={f"session ({what})": str(err)})
+        from . import session_settings  # noqa: F401  (the built-in settings register on import)
+
         return apply_session(states, self._session_context([]))
 
 

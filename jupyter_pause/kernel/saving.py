@@ -293,6 +293,8 @@ class Saving:
         def pickled(states: dict[str, Any], references: dict[str, Any]) -> bytes:
             return self._snapshotter.pickle_extra("__session__", states, references)
 
+        from . import session_settings  # noqa: F401  (the built-in settings register on import)
+
         before, after, report = capture_session(context, lambda state: pickled(state, {}))
         frames = {}
         for phase, states, references in (("before", before, {}), ("after", after, values)):

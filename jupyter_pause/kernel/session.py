@@ -102,8 +102,8 @@ def register(setting: SessionSetting) -> SessionSetting:
 
 
 def registered() -> list[SessionSetting]:
-    """The settings registered so far, in order (``api`` imports ``session_settings``, whose
-    built-in settings register on import, before any checkpoint or restore)."""
+    """The settings registered so far, in order. Saving and restoring import
+    ``session_settings`` (its built-in settings register on import) before they ask."""
     return list(_REGISTRY)
 
 
