@@ -14,8 +14,9 @@ from ..client import EXIT_FAILED, EXIT_NO_SERVER, EXIT_OK, CliError, ServerInfo,
 from . import render, upgrade
 from .client import DrillError, ServerClient
 from .notebook import DATA_DIR, DATA_FILES
+from .plan import CLEANUP_STEP, DRILL_NOTEBOOK, FOLDER, MAIN
 from .server import OwnServer
-from .steps import CLEANUP_STEP, DRILL_NOTEBOOK, FOLDER, MAIN, Drill
+from .steps import Drill
 
 
 def _server(args: argparse.Namespace, stack: contextlib.ExitStack) -> ServerInfo:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ...formatting import format_bytes
 from ...markdown import md_table, pyplot, save
-from .steps import Findings
+from .plan import Findings
 
 WAYS = {"live": "live process", "files": "restore from files", "rerun": "new kernel, re-run"}
 

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 from ..client import RESUME_IN_FLIGHT, CliError, quote_path
 from . import notebook
 from .client import DrillError, ServerClient
-from .steps import FOLDER, MAIN
+from .plan import FOLDER, MAIN
 
 LIVE, FILES, NOT_RESTORED = "live process", "restored from files", "not restored"
 
