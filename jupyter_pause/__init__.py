@@ -60,47 +60,47 @@ def process_token() -> str:
     return _token()
 
 
-def _api() -> Any:
-    from .kernel import api
+def _current() -> Any:
+    from .kernel.current import current
 
-    return api
+    return current()
 
 
 def checkpoint(*, full: bool = False) -> Any:
     """Save the marked variables (or every savable one) now; returns a ``CheckpointResult``."""
-    return _api().current().checkpoint(full=full)
+    return _current().checkpoint(full=full)
 
 
 def restore(checkpoint_id: int | None = None, names: list[str] | None = None) -> Any:
     """Load the latest (or the given) checkpoint into the namespace; returns a ``RestoreResult``."""
-    return _api().current().restore(checkpoint_id, names)
+    return _current().restore(checkpoint_id, names)
 
 
 def keep(*names: str) -> list[str]:
     """Mark variables to save; returns the marked set."""
-    return _api().current().keep(*names)
+    return _current().keep(*names)
 
 
 def drop(*names: str) -> list[str]:
     """Unmark variables; returns the marked set."""
-    return _api().current().drop(*names)
+    return _current().drop(*names)
 
 
 def marked() -> list[str]:
     """The marked variable names (empty: every savable variable is saved)."""
-    return _api().current().marked()
+    return _current().marked()
 
 
 def list_checkpoints() -> list[Any]:
     """The checkpoints of this notebook, oldest first, as ``CheckpointInfo`` records."""
-    return _api().current().list_checkpoints()
+    return _current().list_checkpoints()
 
 
 def delete(checkpoint_id: int) -> None:
     """Delete one checkpoint; its data is collected when no other checkpoint uses it."""
-    _api().current().delete(checkpoint_id)
+    _current().delete(checkpoint_id)
 
 
 def every(interval: str | float | None) -> Any:
     """Take checkpoints on a schedule (``"30m"``, seconds as a number), ``None``/"off" to stop."""
-    return _api().current().every(interval)
+    return _current().every(interval)

@@ -15,7 +15,7 @@ from typing import Any
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
-from jupyter_pause.drill.client import execute_request
+from jupyter_pause.cli.drill.client import execute_request
 
 
 class NotebookTab:

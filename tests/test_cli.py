@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from jupyter_pause import cli
+from jupyter_pause.cli import client, output
+from jupyter_pause.formatting import format_duration
 
 from .cli_runner import Cli
 from .servers import Server, pause_and_wait
@@ -404,13 +405,13 @@ def test_server_path_conversions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.chdir(root / "exp")
 
     # Then absolute paths, cwd-relative files and server paths all map to the server path
-    assert cli.server_path(str(root / "exp" / "t.ipynb"), str(root)) == "exp/t.ipynb"
-    assert cli.server_path("t.ipynb", str(root)) == "exp/t.ipynb"
-    assert cli.server_path("other/x.ipynb", str(root)) == "other/x.ipynb"
-    assert cli.server_path("./a//b.ipynb", None) == "a/b.ipynb"
-    with pytest.raises(cli.CliError) as info:
-        cli.server_path("/elsewhere/x.ipynb", None)
-    assert info.value.code == cli.EXIT_USAGE
+    assert client.server_path(str(root / "exp" / "t.ipynb"), str(root)) == "exp/t.ipynb"
+    assert client.server_path("t.ipynb", str(root)) == "exp/t.ipynb"
+    assert client.server_path("other/x.ipynb", str(root)) == "other/x.ipynb"
+    assert client.server_path("./a//b.ipynb", None) == "a/b.ipynb"
+    with pytest.raises(client.CliError) as info:
+        client.server_path("/elsewhere/x.ipynb", None)
+    assert info.value.code == client.EXIT_USAGE
 
 
 def test_the_server_whose_root_contains_the_notebook_is_picked(tmp_path: Path) -> None:
@@ -420,10 +421,10 @@ def test_the_server_whose_root_contains_the_notebook_is_picked(tmp_path: Path) -
     servers = [outer, inner]
 
     # Then a notebook goes to the innermost root holding it, anything else to the first
-    assert cli.pick_server(servers, str(tmp_path / "inner" / "n.ipynb")) is inner
-    assert cli.pick_server(servers, str(tmp_path / "n.ipynb")) is outer
-    assert cli.pick_server(servers, "/elsewhere/n.ipynb") is outer
-    assert cli.pick_server(servers, None) is outer
+    assert client.pick_server(servers, str(tmp_path / "inner" / "n.ipynb")) is inner
+    assert client.pick_server(servers, str(tmp_path / "n.ipynb")) is outer
+    assert client.pick_server(servers, "/elsewhere/n.ipynb") is outer
+    assert client.pick_server(servers, None) is outer
 
 
 def test_progress_line_on_a_terminal_has_a_bar() -> None:
@@ -435,16 +436,16 @@ def test_progress_line_on_a_terminal_has_a_bar() -> None:
     }
 
     # Then the terminal line has a bar, the bytes and the percent; a log line no bar
-    assert cli.describe(record, bar=True) == (
+    assert output.describe(record, bar=True) == (
         "n.ipynb: checkpointing, writing [##########----------] 500.0 KB/1.0 MB 50%"
     )
-    assert cli.describe(record, bar=False) == (
+    assert output.describe(record, bar=False) == (
         "n.ipynb: checkpointing, writing 500.0 KB/1.0 MB 50%"
     )
 
 
 def test_durations_read_in_hours_and_minutes() -> None:
-    assert cli.format_duration(4.14) == "4.1 s"
-    assert cli.format_duration(125) == "2 min 5 s"
-    assert cli.format_duration(3 * 3600 + 120) == "3 h 02 min"
-    assert cli.format_duration(None) == "-"
+    assert format_duration(4.14) == "4.1 s"
+    assert format_duration(125) == "2 min 5 s"
+    assert format_duration(3 * 3600 + 120) == "3 h 02 min"
+    assert format_duration(None) == "-"

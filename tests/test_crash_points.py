@@ -26,7 +26,7 @@ from jupyter_pause.kernel.api import Checkpointer
 CHILD = r"""
 import json, os, signal, sys
 import numpy as np
-from jupyter_pause.kernel import store as store_mod
+from jupyter_pause.kernel import files as files_mod
 from jupyter_pause.kernel.api import Checkpointer
 from tests.test_crash_points import stage_values
 
@@ -65,7 +65,7 @@ os.fsync = counted("fsync", os.fsync)
 os.fdatasync = counted("fdatasync", os.fdatasync)
 os.replace = counted("replace", os.replace)
 os.rename = counted("rename", os.rename)
-store_mod._syncfs = counted("syncfs", store_mod._syncfs)
+files_mod.syncfs_of = counted("syncfs", files_mod.syncfs_of)
 
 Checkpointer(values, key=key, store_root=store_root).checkpoint(full=True)
 sys.stdout.write(json.dumps(steps) + "\n")

@@ -224,7 +224,7 @@ async def test_the_drill_fails_when_deleted_checkpoints_keep_their_data(
 
 async def prepare_drill_notebook(server: Server) -> str:
     """What the drill leaves with --keep: its notebook run, with its result file; the kernel."""
-    from jupyter_pause.drill import notebook
+    from jupyter_pause.cli.drill import notebook
 
     await server.fetch(
         "api", "contents", "pause-drill", method="PUT", body=json.dumps({"type": "directory"})

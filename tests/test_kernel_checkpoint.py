@@ -217,7 +217,7 @@ def test_changes_behind_the_cell_analysis(start_kernel: KernelFactory, tmp_path:
     kernel.ok(
         f"%load_ext jupyter_pause\nimport sys\nsys.path.insert(0, {str(tmp_path)!r})\n"
         "import behind, jupyter_pause, numpy as np, torch\n"
-        "from jupyter_pause.kernel import api\n"
+        "from jupyter_pause.kernel.current import current\n"
         "weights = torch.ones(1024, 1024)\narray = np.zeros((512, 512))"
     )
 
@@ -235,7 +235,7 @@ def test_changes_behind_the_cell_analysis(start_kernel: KernelFactory, tmp_path:
     assert save("jupyter_pause.checkpoint(full=True)")["bytes_written"] >= array_bytes
 
     kernel.ok("behind.poke(1)")
-    assert save("api.current().checkpoint(reason='pause')")["bytes_written"] >= array_bytes
+    assert save("current().checkpoint(reason='pause')")["bytes_written"] >= array_bytes
 
     fresh = start_kernel()
     fresh.ok("%load_ext jupyter_pause\n%checkpoint restore")

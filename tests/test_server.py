@@ -186,7 +186,7 @@ async def test_pause_from_a_cell_with_no_browser(server: Server) -> None:
     deadline = time.monotonic() + 30
     while "attached" not in await server.run(
         kernel_id,
-        "import jupyter_pause.kernel.server_calls as s\n"
+        "import jupyter_pause.kernel.server_link as s\n"
         "print('attached' if s.SERVER_ATTACHED else 'not yet')",
     ):
         assert time.monotonic() < deadline

@@ -270,7 +270,6 @@ SAVING_SIDE = {
     "cloudpickle",
     "jupyter_pause.kernel.datafile",
     "jupyter_pause.kernel.describing",
-    "jupyter_pause.kernel.server_calls",
     "jupyter_pause.kernel.snapshot",
     "jupyter_pause.kernel.writer",
 }

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_pause.kernel import page_cache
 from jupyter_pause.kernel import store as store_mod
 from jupyter_pause.kernel import writer as writer_mod
 from jupyter_pause.kernel.api import Checkpointer, CheckpointError
@@ -243,12 +244,12 @@ def test_restore_falls_back_where_the_kernel_lacks_populate_read(
 ) -> None:
     ns = {"a": np.arange(5_000_000), "b": np.arange(3)}
     make(tmp_path, ns).checkpoint()
-    monkeypatch.setattr(store_mod, "_MADV_POPULATE_READ", 0x7FFF)  # unknown advice: EINVAL
+    monkeypatch.setattr(page_cache, "MADV_POPULATE_READ", 0x7FFF)  # unknown advice: EINVAL
     store = make(tmp_path, {}).store
     manifest = store.read_manifest(store.latest_id())
     prefetch = store.start_prefetch(manifest, list(manifest["buffers"]))
     prefetch.join()
-    assert prefetch._advice == store_mod._MADV_WILLNEED
+    assert prefetch._advice == page_cache.MADV_WILLNEED
     store.release_maps()
     fresh: dict = {}
     result = make(tmp_path, fresh).restore()

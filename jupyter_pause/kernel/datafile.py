@@ -32,7 +32,7 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from .store import open_new_private
+from .files import open_new_private
 
 ALIGN = 4096  # a multiple of every block size in use (512, 4096) and of the page size
 _STAGE_BYTES = 1 << 20  # small buffers per write request; 4 MiB held 3 MB more per save

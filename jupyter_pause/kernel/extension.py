@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 from typing import Any
 
-from . import api, control
+from . import api, control, server_link
 from .magics import CheckpointMagics
 from .schedule import Scheduler
 from .session import Baseline
@@ -77,10 +76,7 @@ def _cell_hooks(checkpointer: api.Checkpointer) -> list[tuple[str, Any]]:
 
 def _announce_to_server(result: api.CheckpointResult) -> None:
     """Every checkpoint goes on the notebook's timeline, also those a cell takes."""
-    # Imported here, by the first checkpoint, like the rest of the saving side.
-    from .server_calls import request_from_server
-
-    request_from_server(
+    server_link.request_from_server(
         "checkpointed",
         checkpoint_id=result.checkpoint_id,
         bytes_written=result.bytes_written,
@@ -94,8 +90,5 @@ def _announce_to_server(result: api.CheckpointResult) -> None:
 def _announce_restore_to_server(result: api.RestoreResult) -> None:
     """A restore the notebook makes (``%checkpoint restore`` typed into a reopened notebook
     instead of pressing Resume) brings a paused session back: the server must know."""
-    # Loaded by the server's first request to this kernel: where it is not, no server
-    # follows this kernel, and a restore must not load the saving side just to say so.
-    server_calls = sys.modules.get(f"{__package__}.server_calls")
-    if server_calls is not None:
-        server_calls.request_from_server("restored", result=result.to_json())
+    if server_link.SERVER_ATTACHED:  # where no server follows this kernel, nothing to say
+        server_link.request_from_server("restored", result=result.to_json())

@@ -110,7 +110,7 @@ class CheckpointMagics(Magics):
         The jupyter_pause server does the work once this cell finishes, so it works with no
         browser open. Resume from the notebook toolbar or with `jupyter pause resume NOTEBOOK`.
         """
-        from .server_calls import request_from_server
+        from .server_link import request_from_server
 
         if line.strip():
             raise _failure("pause", "it takes no arguments")

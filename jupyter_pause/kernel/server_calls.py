@@ -13,23 +13,23 @@ import os
 import time
 from typing import Any
 
-from .store import write_private
+from . import server_link
+from .files import write_private
+from .server_link import REQUEST_MSG_TYPE
 from .token import process_token
 
-#: Set once a server has introduced itself: ``%pause`` then knows someone is listening.
-SERVER_ATTACHED = False
-#: iopub message type a kernel uses to ask the server for something (``%pause``).
-REQUEST_MSG_TYPE = "jupyter_pause_request"
+#: What the server imports from here (the message type is ``server_link``'s).
+__all__ = ["REQUEST_MSG_TYPE", "call"]
 
 
 def _checkpointer(key: str | None) -> Any:
     from IPython import get_ipython
 
-    from . import api
+    from .current import current
     from .extension import load
 
     shell = get_ipython()
-    checkpointer = load(shell) if shell is not None else api.current()
+    checkpointer = load(shell) if shell is not None else current()
     if key and checkpointer.key != key:
         checkpointer.set_key(key)  # the server knows the notebook path for certain
     return checkpointer
@@ -54,7 +54,6 @@ class _ProgressFile:
 
 def call(op: str, args_json: str) -> str:
     """Run one server request; always returns a JSON string."""
-    global SERVER_ATTACHED
     from .api import CheckpointError
 
     args = json.loads(args_json)
@@ -62,7 +61,7 @@ def call(op: str, args_json: str) -> str:
         checkpointer = _checkpointer(args.get("key"))
         answer: dict[str, Any] = {"ok": True, "token": process_token(), "pid": os.getpid()}
         if op == "hello":
-            SERVER_ATTACHED = True
+            server_link.SERVER_ATTACHED = True
         elif op == "checkpoint":
             checkpointer.store.prepare()
             progress = _ProgressFile(checkpointer.store.path)
@@ -78,18 +77,3 @@ def call(op: str, args_json: str) -> str:
         return json.dumps(answer)
     except CheckpointError as err:
         return json.dumps({"ok": False, "error": str(err)})
-
-
-def request_from_server(action: str, **data: Any) -> bool:
-    """Ask the server (over iopub) to act on this kernel; False when no server listens."""
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    kernel = getattr(shell, "kernel", None)
-    if not SERVER_ATTACHED or kernel is None:
-        return False
-    content = {"action": action, **data}
-    kernel.session.send(
-        kernel.iopub_socket, REQUEST_MSG_TYPE, content, parent=kernel.get_parent("shell")
-    )
-    return True

@@ -102,8 +102,8 @@ def register(setting: SessionSetting) -> SessionSetting:
 
 
 def registered() -> list[SessionSetting]:
-    from . import session_settings  # noqa: F401  (the built-in settings register on import)
-
+    """The settings registered so far, in order. Saving and restoring import
+    ``session_settings`` (its built-in settings register on import) before they ask."""
     return list(_REGISTRY)
 
 

@@ -1,6 +1,7 @@
 """Writing one checkpoint: its data files, then its manifest, the commit point.
 
 Only saving (and compacting packs) loads this module; a restore reads through ``store``.
+It imports nothing of the store but its vocabulary (``layout``) and its writes (``files``).
 """
 
 from __future__ import annotations
@@ -8,11 +9,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from . import store as store_mod
+from . import files as files_mod
 from .datafile import DataFileWriter
-from .store import BufferLocation, NotebookStore, StoreError, WriteStats, write_file_atomically
+from .files import write_file_atomically
+from .layout import BufferLocation, StoreError, WriteStats
 
 # Buffers this large get a file of their own: collected exactly, never rewritten. Smaller ones
 # share the checkpoint's pack: one sequential file is written and read back at full disk speed
@@ -21,6 +23,14 @@ LARGE_BUFFER_BYTES = 64 << 20
 _PAGE = 4096  # page-aligned buffers map straight into memory
 _ALIGN = 64  # small buffers: 64 suits every dtype and SIMD loads
 _FSYNC_AT_MOST = 4  # more data files than this are flushed with one syncfs
+
+
+class StoreFolder(Protocol):
+    """What the writer needs of a ``NotebookStore``: its folder and where a manifest goes."""
+
+    path: Path
+
+    def manifest_path(self, checkpoint_id: int) -> Path: ...
 
 
 class CheckpointWriter:
@@ -32,7 +42,7 @@ class CheckpointWriter:
 
     def __init__(
         self,
-        store: NotebookStore,
+        store: StoreFolder,
         checkpoint_id: int,
         known: dict[str, BufferLocation],
         prefix: str | None = None,
@@ -123,7 +133,7 @@ class CheckpointWriter:
             for data_file, _final in files:
                 data_file.finish()
             # A few files (an incremental checkpoint): fsync them; many: one syncfs for all.
-            flushed = len(files) > _FSYNC_AT_MOST and store_mod._syncfs(self.store.path)
+            flushed = len(files) > _FSYNC_AT_MOST and files_mod.syncfs_of(self.store.path)
             if not flushed:
                 for data_file, _final in files:
                     os.fsync(data_file.fd)
@@ -137,9 +147,9 @@ class CheckpointWriter:
             final.parent.mkdir(mode=0o700, exist_ok=True)
             os.replace(data_file.path, final)
         # The renames must be durable before the manifest that points at them.
-        if not (flushed and store_mod._syncfs(self.store.path)):
+        if not (flushed and files_mod.syncfs_of(self.store.path)):
             for folder in {final.parent for _data_file, final in files}:
-                store_mod._fsync_dir(folder)
+                files_mod.fsync_dir(folder)
 
     def abort(self) -> None:
         """Remove everything this writer left in tmp/; the previous checkpoint is untouched."""

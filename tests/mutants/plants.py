@@ -74,7 +74,7 @@ PLANTS = (
     Plant(
         "a partial restore holds retention until the user decides",
         "retention ignores the hold",
-        "jupyter_pause/kernel/store.py",
+        "jupyter_pause/kernel/retention.py",
         "        if self.retention_hold() is not None:\n",
         "        if False:\n",
         (

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..formatting import format_bytes
-from ..markdown import md_table, pyplot, save
-from .steps import Findings
+from ...formatting import format_bytes
+from ...markdown import md_table, pyplot, save
+from .plan import Findings
 
 WAYS = {"live": "live process", "files": "restore from files", "rerun": "new kernel, re-run"}
 

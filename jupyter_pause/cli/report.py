@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import cli
 from ..kernel.store import default_store_root
-from . import render, report, sources
+from ..usage import render, report, sources
+from .client import EXIT_NO_SERVER, EXIT_OK, EXIT_USAGE, Client, CliError, find_server
+from .output import print_json
 
 
 def listing_of(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -18,13 +19,13 @@ def listing_of(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     the default store when no server runs."""
     if args.store is None:
         try:
-            server = cli.find_server(args)
-        except cli.CliError as err:
-            if err.code != cli.EXIT_NO_SERVER or args.url:
+            server = find_server(args)
+        except CliError as err:
+            if err.code != EXIT_NO_SERVER or args.url:
                 raise
             print(f"jupyter pause: {err}; reading the store instead", file=sys.stderr)
         else:
-            return cli.Client(server).get("usage"), f"server {server.url}"
+            return Client(server).get("usage"), f"server {server.url}"
     store = Path(args.store) if args.store else default_store_root()
     if not store.is_dir():
         # The first checkpoint makes the store: without one, nothing was paused yet here.
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         since = report.parse_since(args.since) if args.since != "all" else None
     except ValueError as err:
-        raise cli.CliError(f"--since {err}", cli.EXIT_USAGE) from None
+        raise CliError(f"--since {err}", EXIT_USAGE) from None
     listing, source = listing_of(args)
     prices = {
         name: value
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         (folder / "report.json").write_text(json.dumps(numbers, indent=2) + "\n")
         (folder / "report.md").write_text(render.markdown(numbers, source, written))
     if args.json:
-        cli.print_json(numbers)
+        print_json(numbers)
     else:
         sys.stdout.write(render.markdown(numbers, source, written))
-    return cli.EXIT_OK
+    return EXIT_OK

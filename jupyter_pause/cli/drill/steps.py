@@ -1,5 +1,5 @@
 """The drill's steps (issue 16's six, its sixth printed as three: the failure probe, the morning
-rush, the clean-up): each measures, checks, and prints one progress line.
+rush, the clean-up, in ``probes``): each measures, checks, and prints one progress line.
 
 A check that fails names what went wrong in words an operator can act on; the drill goes on
 with the next steps where it can, and exits 1 at the end. What cannot be measured where the
@@ -9,76 +9,34 @@ drill runs (GPU memory without a GPU) is said so, never invented.
 from __future__ import annotations
 
 import platform
-import re
 import shutil
 import socket
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
-from .. import __version__, cli
-from ..formatting import format_bytes
+from ...formatting import format_bytes
+from ...version import __version__
+from ..client import PAUSE_IN_FLIGHT, RESUME_IN_FLIGHT, quote_path
 from . import notebook
 from .client import DrillError, ServerClient
-
-FOLDER = "pause-drill"
-MAIN = f"{FOLDER}/drill.ipynb"
-BASELINE = f"{FOLDER}/baseline.ipynb"
-CLEANUP = f"{FOLDER}/cleanup.ipynb"
-#: Every notebook the drill writes in FOLDER (main, baseline, clean-up, GPU holders, rush):
-#: what its clean-up deletes, and nothing else a user may have put there.
-DRILL_NOTEBOOK = re.compile(r"(drill|baseline|cleanup|holder-\d+|rush-\d+)\.ipynb")
-#: What may stay in a notebook's store folder once its checkpoints are deleted: the session
-#: record, the notebook's name, the lock (a few KB).
-METADATA_BYTES = 64 * 1024
-STEPS = 8
-#: Step numbers of the failure probe, the morning rush and the clean-up.
-PROBE_STEP, RUSH_STEP, CLEANUP_STEP = 6, 7, 8
-
-
-@dataclass
-class Check:
-    step: int
-    name: str
-    status: str  # pass | fail | not measurable here | not applicable
-    detail: str
-
-
-@dataclass
-class Findings:
-    """Everything the drill measured and checked: ``report.json``."""
-
-    checks: list[Check] = field(default_factory=list)
-    numbers: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def failed(self) -> list[Check]:
-        return [c for c in self.checks if c.status == "fail"]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"checks": [asdict(c) for c in self.checks], **self.numbers}
-
-
-def _between(events: list[dict[str, Any]], first: str, then: str, since: float) -> float | None:
-    """Seconds from the first ``first`` event at or after ``since`` to the next ``then``."""
-    start = next((e["at"] for e in events if e["kind"] == first and e["at"] >= since), None)
-    if start is None:
-        return None
-    end = next((e["at"] for e in events if e["kind"] == then and e["at"] >= start), None)
-    return None if end is None else end - start
-
-
-def _count(events: list[dict[str, Any]], kind: str, since: float) -> int:
-    return sum(1 for e in events if e["kind"] == kind and e["at"] >= since)
+from .plan import (
+    BASELINE,
+    MAIN,
+    STEPS,
+    Check,
+    Findings,
+    between,
+    count,
+)
+from .probes import ProbeSteps
 
 
 def _alive(pid: int) -> bool:
-    from ..kernel.store import _pid_alive
+    from ...kernel.files import pid_alive
 
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return False
     try:
         with open(f"/proc/{pid}/stat") as stat:  # a zombie is gone in all but name
@@ -113,12 +71,12 @@ def _gpu_inventory() -> dict[str, Any] | None:
 
 
 def _gpu_pids() -> set[int] | None:
-    from ..backends.local import gpu_pids
+    from ...backends.local import gpu_pids
 
     return gpu_pids()
 
 
-class Drill:
+class Drill(ProbeSteps):
     """Runs the steps against one server; ``findings`` holds the results."""
 
     def __init__(self, client: ServerClient, args: Any, stream: TextIO = sys.stderr) -> None:
@@ -163,12 +121,12 @@ class Drill:
             time.sleep(0.2)
 
     def pause(self, path: str) -> dict[str, Any]:
-        self.client.post("pause", cli.quote_path(path))
-        return self.wait(path, lambda r: r["state"] not in cli.PAUSE_IN_FLIGHT)
+        self.client.post("pause", quote_path(path))
+        return self.wait(path, lambda r: r["state"] not in PAUSE_IN_FLIGHT)
 
     def resume(self, path: str, seen: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        self.client.post("resume", cli.quote_path(path))
-        return self.wait(path, lambda r: r["state"] not in cli.RESUME_IN_FLIGHT, seen)
+        self.client.post("resume", quote_path(path))
+        return self.wait(path, lambda r: r["state"] not in RESUME_IN_FLIGHT, seen)
 
     def usage_of(self, paths: list[str]) -> dict[str, dict[str, Any]]:
         listing = self.client.get("usage")
@@ -295,7 +253,7 @@ class Drill:
             self.check(
                 3,
                 "GPU released",
-                back and _count(events, "gpu_released", asked) == 1,
+                back and count(events, "gpu_released", asked) == 1,
                 f"GPU(s) {held} back in the pool ({status['gpus_free']} of {status['gpus_total']} free)"
                 if back
                 else f"the GPU was not released: {status['gpus_free']} of {status['gpus_total']} free, "
@@ -304,13 +262,13 @@ class Drill:
         else:
             self.check(3, "GPU released", None, "the notebook held no GPU", "not applicable")
         self.gpu_memory_check()
-        listing = self.client.get("checkpoints", cli.quote_path(MAIN))
+        listing = self.client.get("checkpoints", quote_path(MAIN))
         kept = [c for c in listing["checkpoints"] if "damaged" not in c]
         stored = self.usage_of([MAIN]).get(MAIN, {}).get("storage_bytes", 0)
         self.numbers["pause"] = {
             "seconds": took,
-            "to_kernel_stopped": _between(events, "pause_requested", "kernel_stopped", asked),
-            "to_gpu_released": _between(events, "pause_requested", "gpu_released", asked),
+            "to_kernel_stopped": between(events, "pause_requested", "kernel_stopped", asked),
+            "to_gpu_released": between(events, "pause_requested", "gpu_released", asked),
             "checkpoints_kept": len(kept),
             "checkpoint_bytes": kept[-1]["bytes"] if kept else 0,
             "storage_bytes": stored,
@@ -400,8 +358,8 @@ class Drill:
             "how": record["how"],
             "to_ready_seconds": ready_at - asked,
             "to_next_cell_done_seconds": probe.done_at - asked,
-            "timeline_to_ready": _between(events, "resume_requested", "kernel_ready", asked - 1),
-            "timeline_to_first_cell": _between(
+            "timeline_to_ready": between(events, "resume_requested", "kernel_ready", asked - 1),
+            "timeline_to_first_cell": between(
                 events, "resume_requested", "first_cell_executed", asked - 1
             ),
             "restored": (record.get("restore") or {}).get("restored"),
@@ -455,282 +413,3 @@ class Drill:
             f"{name} {v['to_next_cell_done_seconds']:.1f} s" for name, v in ways.items() if v
         )
         self.progress(5, "Resume vs re-run", f"to the next cell done: {rows}")
-
-    # -- 6 ---------------------------------------------------------------------------------------
-    def probe_waiting(self) -> None:
-        status = self.client.get("status")["resources"]
-        if not status["gpus_total"] or not self.before["gpus"]:
-            self.check(
-                PROBE_STEP,
-                "waits for resources",
-                None,
-                "this server hands out no GPU: resumes never wait",
-                "not applicable",
-            )
-            self.progress(PROBE_STEP, "Failure probe", "not applicable without GPUs to hand out")
-            return
-        holders = [BASELINE]
-        for i in range(1, status["gpus_total"] + 1):
-            if self.client.get("status")["resources"]["gpus_free"] == 0:
-                break
-            holders.append(f"{FOLDER}/holder-{i}.ipynb")
-            self.client.write_notebook(holders[-1], [])
-            self.client.open_notebook(holders[-1])
-            self.client.get("sessions")  # the server adopts the kernel and its GPU
-        free = self.client.get("status")["resources"]["gpus_free"]
-        if not self.check(
-            PROBE_STEP, "resources made unavailable", free == 0, f"{free} GPU(s) still free"
-        ):
-            self.progress(PROBE_STEP, "Failure probe", "could not take every GPU")
-            return
-        asked = time.time() - 0.5
-        with ThreadPoolExecutor(2) as pool:  # two tabs asking at once
-            list(pool.map(lambda _: self.client.post("resume", cli.quote_path(MAIN)), range(2)))
-        waiting = self.wait(MAIN, lambda r: r["state"] != "resuming")
-        self.check(
-            PROBE_STEP,
-            "waits with a reason",
-            waiting["state"] == "waiting-for-resources" and bool(waiting["message"]),
-            f"{waiting['state']}: {waiting['message']}",
-        )
-        requests = _count(self.client.timeline(MAIN), "resume_requested", asked)
-        self.check(
-            PROBE_STEP,
-            "one restore for two requests",
-            requests == 1,
-            "the second request joined the first"
-            if requests == 1
-            else f"{requests} restores started for 2 requests: a second restore ran",
-        )
-        released = time.time()
-        for holder in holders:
-            self.client.close_notebook(holder)
-        record = self.wait(MAIN, lambda r: r["state"] not in cli.RESUME_IN_FLIGHT)
-        events = self.client.timeline(MAIN)
-        restored = _count(events, "state_restored", asked)
-        kernels = len(self.client.kernels_of(MAIN))
-        self.check(
-            PROBE_STEP,
-            "completes once resources return",
-            record["state"] == "ready",
-            f"{record['state']}: {record['message']}",
-        )
-        self.check(
-            PROBE_STEP,
-            "restored once",
-            restored == 1 and kernels == 1,
-            f"{restored} restore(s), {kernels} kernel(s) for {MAIN}",
-        )
-        self.numbers["probe"] = {
-            "reason": waiting["message"],
-            "queue_position": waiting.get("queue_position"),
-            "waited_seconds": _between(events, "resume_requested", "resources_acquired", asked),
-            "ready_after_release_seconds": time.time() - released,
-        }
-        self.progress(
-            PROBE_STEP,
-            "Failure probe",
-            f"waited with a reason ({waiting['message'][:60]}...), "
-            f"{restored} restore(s) once resources came back",
-        )
-
-    # -- 7 ---------------------------------------------------------------------------------------
-    def rush(self) -> None:
-        n = self.args.rush
-        total = self.client.get("status")["resources"]["gpus_total"]
-        if n <= 0 or not total or not self.before["gpus"]:
-            self.check(
-                RUSH_STEP,
-                "morning rush",
-                None,
-                "skipped (--rush 0 or no GPUs to hand out)",
-                "not applicable",
-            )
-            self.progress(RUSH_STEP, "Morning rush", "skipped (--rush 0 or no GPUs to hand out)")
-            return
-        self.pause(MAIN)
-        paths = [f"{FOLDER}/rush-{i}.ipynb" for i in range(1, n + 1)]
-        for i, path in enumerate(paths, start=1):
-            self.client.write_notebook(path, [notebook.small_state(i)])
-            kernel = self.client.open_notebook(path)
-            self.client.run_cell(kernel, notebook.small_state(i), self.timeout)
-            self.wait(path, lambda r: r["watching"])
-            self.pause(path)
-        started = time.time() - 0.5
-        with ThreadPoolExecutor(n) as pool:
-            list(pool.map(lambda p: self.client.post("resume", cli.quote_path(p)), paths))
-        reasons: dict[str, str] = {}
-        values: dict[str, Any] = {}
-        deadline = time.monotonic() + self.timeout
-        while len(values) < n and time.monotonic() < deadline:
-            for i, path in enumerate(paths, start=1):
-                if path in values:
-                    continue
-                record = self.client.session(path)
-                if record["state"] == "waiting-for-resources":
-                    reasons.setdefault(path, record["message"])
-                elif record["state"] in ("ready", "partial", "failed", "paused"):
-                    values[path] = self._use_and_pause(path, record, i)
-            time.sleep(0.2)
-        rows = []
-        for path in paths:
-            events = self.client.timeline(path)
-            rows.append(
-                {
-                    "path": path,
-                    "requested": next(
-                        (
-                            e["at"]
-                            for e in events
-                            if e["kind"] == "resume_requested" and e["at"] >= started
-                        ),
-                        None,
-                    ),
-                    "acquired": next(
-                        (
-                            e["at"]
-                            for e in events
-                            if e["kind"] == "resources_acquired" and e["at"] >= started
-                        ),
-                        None,
-                    ),
-                    "ready": next(
-                        (
-                            e["at"]
-                            for e in events
-                            if e["kind"] == "kernel_ready" and e["at"] >= started
-                        ),
-                        None,
-                    ),
-                    "restores": _count(events, "state_restored", started),
-                    "reason": reasons.get(path),
-                    "outcome": values.get(path, "lost: never came back"),
-                }
-            )
-        self._judge_rush(rows, n, total)
-
-    def _use_and_pause(self, path: str, record: dict[str, Any], value: int) -> str:
-        if record["state"] != "ready":
-            return f"{record['state']}: {record['message']}"
-        found = self.client.run_cell(
-            record["kernel_id"], notebook.CHECK_SMALL_STATE, self.timeout
-        ).json_line()
-        self.client.post("pause", cli.quote_path(path))  # the next in the queue gets its GPU
-        return "restored" if found["value"] == value else f"wrong value {found['value']}"
-
-    def _judge_rush(self, rows: list[dict[str, Any]], n: int, total: int) -> None:
-        for row in rows:
-            if row["requested"] is not None and row["acquired"] is not None:
-                row["waited_seconds"] = row["acquired"] - row["requested"]
-                row["to_ready_seconds"] = (row["ready"] or row["acquired"]) - row["requested"]
-        self.numbers["rush"] = {"notebooks": n, "gpus": total, "rows": rows}
-        lost = [r["path"] for r in rows if r["outcome"] != "restored"]
-        self.check(
-            RUSH_STEP,
-            "rush: none lost",
-            not lost,
-            f"all {n} came back"
-            if not lost
-            else "not restored: "
-            + "; ".join(f"{r['path']} ({r['outcome']})" for r in rows if r["path"] in lost),
-        )
-        twice = [r["path"] for r in rows if r["restores"] > 1]
-        self.check(
-            RUSH_STEP,
-            "rush: none restored twice",
-            not twice,
-            "one restore each" if not twice else f"restored twice: {', '.join(twice)}",
-        )
-        served = [r for r in rows if r["acquired"] is not None and r["requested"] is not None]
-        by_request = [r["path"] for r in sorted(served, key=lambda r: r["requested"])]
-        by_grant = [r["path"] for r in sorted(served, key=lambda r: r["acquired"])]
-        self.check(
-            RUSH_STEP,
-            "rush: served in order",
-            by_request == by_grant,
-            "first come, first served"
-            if by_request == by_grant
-            else f"asked {by_request}, served {by_grant}",
-        )
-        silent = [r["path"] for r in served if r.get("waited_seconds", 0) > 1 and not r["reason"]]
-        self.check(
-            RUSH_STEP,
-            "rush: each wait has a reason",
-            not silent,
-            "every notebook that waited said why"
-            if not silent
-            else f"waited without a reason: {', '.join(silent)}",
-        )
-        if n <= total:
-            self.check(
-                RUSH_STEP,
-                "rush: contention",
-                None,
-                f"{n} notebooks against {total} GPU(s): "
-                f"nobody had to wait (use --rush {total + 1})",
-                "not applicable",
-            )
-        waits = ", ".join(f"{r.get('waited_seconds', 0):.1f} s" for r in rows)
-        self.progress(
-            RUSH_STEP, "Morning rush", f"{n} notebooks against {total} GPU(s); waits {waits}"
-        )
-
-    # -- 8 ---------------------------------------------------------------------------------------
-    def delete_and_check(self, paths: list[str]) -> int:
-        """Delete the notebooks' checkpoints and check their storage is freed: bytes freed."""
-        before = self.usage_of(paths)
-        free_before = (self.numbers.get("store") or {}).get("free_bytes")
-        self.client.write_notebook(CLEANUP, [])
-        kernel = self.client.open_notebook(CLEANUP)
-        names = [p.rsplit("/", 1)[-1] for p in paths]
-        deleted = self.client.run_cell(
-            kernel, notebook.delete_checkpoints(names), self.timeout
-        ).json_line()
-        self.client.close_notebook(CLEANUP)
-        after = self.usage_of(paths)
-        rows = []
-        for path in paths:
-            held_before = before.get(path, {}).get("storage_bytes", 0)
-            left = after.get(path, {})
-            rows.append(
-                {
-                    "path": path,
-                    "bytes_before": held_before,
-                    "bytes_after": left.get("storage_bytes", 0),
-                    "checkpoints_after": left.get("checkpoints", 0),
-                    "deleted": deleted.get(path.rsplit("/", 1)[-1], []),
-                }
-            )
-        not_freed = [r for r in rows if r["checkpoints_after"] or r["bytes_after"] > METADATA_BYTES]
-        freed = sum(r["bytes_before"] - r["bytes_after"] for r in rows)
-        free_after = (self.numbers.get("store") or {}).get("free_bytes")
-        self.numbers["storage"] = {
-            "rows": rows,
-            "bytes_freed": freed,
-            "free_bytes_before": free_before,
-            "free_bytes_after": free_after,
-        }
-        self.check(
-            CLEANUP_STEP,
-            "checkpoints deleted and storage freed",
-            not not_freed,
-            f"{format_bytes(freed)} freed"
-            if not not_freed
-            else "; ".join(
-                f"{r['path']}: its checkpoints were deleted but "
-                f"{format_bytes(r['bytes_after'])} remain in its store folder "
-                f"({r['checkpoints_after']} checkpoint(s) left): the storage was not freed"
-                for r in not_freed
-            ),
-        )
-        snapshots = sum(nb.get("snapshots", 0) for nb in after.values())
-        self.check(
-            CLEANUP_STEP,
-            "snapshots deleted",
-            snapshots == 0 if snapshots else None,
-            f"{snapshots} snapshot(s) left"
-            if snapshots
-            else f"no platform snapshots on the {self.numbers['environment']['backend']} backend",
-            "not applicable",
-        )
-        return freed

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from .. import cli
+from ..client import ServerInfo
 from .client import DrillError
 
 
@@ -54,7 +54,7 @@ class OwnServer:
             self.command.append("--allow-root")
         self.timeout = timeout
         self.process: subprocess.Popen[bytes] | None = None
-        self.info = cli.ServerInfo(f"http://127.0.0.1:{self.port}/", self.token, str(root))
+        self.info = ServerInfo(f"http://127.0.0.1:{self.port}/", self.token, str(root))
 
     def __enter__(self) -> OwnServer:
         log = (self.folder / "server.log").open("wb")

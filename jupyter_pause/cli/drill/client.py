@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .. import cli
+from ..client import EXIT_NO_SERVER, EXIT_UNKNOWN, Client, CliError, quote_path
 
 
 class DrillError(Exception):
@@ -38,7 +38,7 @@ class CellRun:
         return json.loads(lines[-1])
 
 
-class ServerClient(cli.Client):
+class ServerClient(Client):
     """The jupyter_pause API (inherited) and jupyter-server's own REST API."""
 
     def api(self, method: str, path: str, body: Any = None, timeout: float = 60.0) -> Any:
@@ -57,16 +57,14 @@ class ServerClient(cli.Client):
         except urllib.error.HTTPError as err:
             raise self.http_error(err) from None
         except OSError as err:
-            raise cli.CliError(
-                f"Cannot reach {self.server.url}: {err}", cli.EXIT_NO_SERVER
-            ) from None
+            raise CliError(f"Cannot reach {self.server.url}: {err}", EXIT_NO_SERVER) from None
         return json.loads(data) if data else None
 
     def session(self, path: str) -> dict[str, Any]:
-        return self.get("sessions", cli.quote_path(path))
+        return self.get("sessions", quote_path(path))
 
     def timeline(self, path: str) -> list[dict[str, Any]]:
-        return self.get("timeline", cli.quote_path(path))["events"]
+        return self.get("timeline", quote_path(path))["events"]
 
     def open_notebook(self, path: str, kernel_name: str = "python3") -> str:
         """What JupyterLab does when a notebook opens: a session with a kernel; its id."""
@@ -93,7 +91,7 @@ class ServerClient(cli.Client):
     def write_notebook(self, path: str, cells: list[str]) -> None:
         folder = path.rsplit("/", 1)[0] if "/" in path else ""
         if folder:
-            self.api("PUT", f"contents/{cli.quote_path(folder)}", {"type": "directory"})
+            self.api("PUT", f"contents/{quote_path(folder)}", {"type": "directory"})
         content = {
             "cells": [
                 {
@@ -113,24 +111,24 @@ class ServerClient(cli.Client):
             "nbformat_minor": 5,
         }
         body = {"type": "notebook", "format": "json", "content": content}
-        self.api("PUT", f"contents/{cli.quote_path(path)}", body)
+        self.api("PUT", f"contents/{quote_path(path)}", body)
 
     def list_folder(self, path: str) -> list[dict[str, Any]]:
         """The folder's entries (name, path, type), as the contents API lists them (hidden
         files are not); empty when there is no such folder."""
         try:
-            listing = self.api("GET", f"contents/{cli.quote_path(path)}?content=1")
-        except cli.CliError as err:
-            if err.code != cli.EXIT_UNKNOWN:
+            listing = self.api("GET", f"contents/{quote_path(path)}?content=1")
+        except CliError as err:
+            if err.code != EXIT_UNKNOWN:
                 raise
             return []
         return listing["content"] if listing.get("type") == "directory" else []
 
     def delete_file(self, path: str) -> None:
         try:
-            self.api("DELETE", f"contents/{cli.quote_path(path)}")
-        except cli.CliError as err:
-            if err.code != cli.EXIT_UNKNOWN:
+            self.api("DELETE", f"contents/{quote_path(path)}")
+        except CliError as err:
+            if err.code != EXIT_UNKNOWN:
                 raise
 
     def run_cell(self, kernel_id: str, code: str, timeout: float = 300.0) -> CellRun:

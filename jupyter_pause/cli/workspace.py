@@ -33,9 +33,10 @@ import sys
 import time
 from typing import Any
 
-from .backends.kube import STATE_ANNOTATION, WORKSPACE_LABEL, Kube, KubeError, condition, epoch
-from .backends.workspace import facts_of
-from .cli import (
+from ..backends.kube import STATE_ANNOTATION, WORKSPACE_LABEL, Kube, KubeError, condition, epoch
+from ..backends.workspace import facts_of
+from ..formatting import format_bytes, format_duration
+from .client import (
     EXIT_CONFLICT,
     EXIT_FAILED,
     EXIT_FORBIDDEN,
@@ -45,10 +46,8 @@ from .cli import (
     EXIT_UNKNOWN,
     EXIT_USAGE,
     CliError,
-    format_time,
-    print_json,
 )
-from .formatting import format_bytes, format_duration
+from .output import format_time, print_json
 
 #: KubeError kinds and the exit codes they become.
 KUBE_EXIT_CODES = {

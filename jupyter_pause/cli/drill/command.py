@@ -9,22 +9,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import cli
-from ..formatting import format_bytes
+from ...formatting import format_bytes
+from ..client import EXIT_FAILED, EXIT_NO_SERVER, EXIT_OK, CliError, ServerInfo, find_server
 from . import render, upgrade
 from .client import DrillError, ServerClient
 from .notebook import DATA_DIR, DATA_FILES
+from .plan import CLEANUP_STEP, DRILL_NOTEBOOK, FOLDER, MAIN
 from .server import OwnServer
-from .steps import CLEANUP_STEP, DRILL_NOTEBOOK, FOLDER, MAIN, Drill
+from .steps import Drill
 
 
-def _server(args: argparse.Namespace, stack: contextlib.ExitStack) -> cli.ServerInfo:
+def _server(args: argparse.Namespace, stack: contextlib.ExitStack) -> ServerInfo:
     """The server to drill: --url or a running one, else one of its own (--own-server)."""
     if not args.own_server:
         try:
-            return cli.find_server(args)
-        except cli.CliError as err:
-            if err.code != cli.EXIT_NO_SERVER or args.url:
+            return find_server(args)
+        except CliError as err:
+            if err.code != EXIT_NO_SERVER or args.url:
                 raise
     sys.stderr.write("Starting a server of the drill's own\n")
     return stack.enter_context(OwnServer(args.gpus, args.backend, args.timeout)).info
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         drill.numbers["stopped_early"] = error
         try:
             _clean_up(drill, client, keep=args.keep)
-        except (DrillError, cli.CliError) as err:
+        except (DrillError, CliError) as err:
             error = error or f"clean-up: {err}"
         files = render.write(drill.findings, out, error)
     for check in drill.findings.failed:
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if error:
         print(f"jupyter pause drill: stopped early: {error}", file=sys.stderr)
     print(f"Report: {', '.join(str(f) for f in files)}")
-    return cli.EXIT_FAILED if drill.findings.failed or error else cli.EXIT_OK
+    return EXIT_FAILED if drill.findings.failed or error else EXIT_OK
 
 
 def _clean_up(drill: Drill, client: ServerClient, keep: bool) -> None:
@@ -127,8 +128,8 @@ def _upgrade_check(client: ServerClient, args: argparse.Namespace, out: Path) ->
     try:
         found = upgrade.check(client, args.timeout)
     except DrillError as err:
-        raise cli.CliError(f"upgrade check: {err}") from None
+        raise CliError(f"upgrade check: {err}") from None
     out.mkdir(parents=True, exist_ok=True)
     (out / "upgrade-check.json").write_text(json.dumps(found, indent=2) + "\n")
     print(f"{MAIN}: {found['verdict']}: {found['why']}")
-    return cli.EXIT_OK if found["verdict"] != upgrade.NOT_RESTORED else cli.EXIT_FAILED
+    return EXIT_OK if found["verdict"] != upgrade.NOT_RESTORED else EXIT_FAILED

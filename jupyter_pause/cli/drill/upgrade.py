@@ -14,10 +14,10 @@ import sys
 import time
 from typing import Any, TextIO
 
-from .. import cli
+from ..client import RESUME_IN_FLIGHT, CliError, quote_path
 from . import notebook
 from .client import DrillError, ServerClient
-from .steps import FOLDER, MAIN
+from .plan import FOLDER, MAIN
 
 LIVE, FILES, NOT_RESTORED = "live process", "restored from files", "not restored"
 
@@ -26,17 +26,17 @@ def check(client: ServerClient, timeout: float, stream: TextIO = sys.stderr) -> 
     """Find out how the drill notebook came back; resumes it first when it is paused."""
     try:
         record = client.session(MAIN)
-    except cli.CliError as err:
+    except CliError as err:
         raise DrillError(
             f"no drill notebook on this server ({err}): run `jupyter pause drill --keep` "
             "before the upgrade"
         ) from None
     result = f"{FOLDER}/{notebook.DATA_DIR}/result.json"
-    saved = client.api("GET", f"contents/{cli.quote_path(result)}?type=file&format=text")
+    saved = client.api("GET", f"contents/{quote_path(result)}?type=file&format=text")
     expected = json.loads(saved["content"])["digest"]
     if record["kernel_id"] is None:
         stream.write(f"{MAIN} is {record['state']}: resuming it, as its user would\n")
-        client.post("resume", cli.quote_path(MAIN))
+        client.post("resume", quote_path(MAIN))
         record = _wait(client, timeout)
         if record["state"] not in ("ready", "partial"):
             raise DrillError(f"the resume ended {record['state']}: {record['message']}")
@@ -78,6 +78,6 @@ def _wait(client: ServerClient, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
         record = client.session(MAIN)
-        if record["state"] not in cli.RESUME_IN_FLIGHT or time.monotonic() > deadline:
+        if record["state"] not in RESUME_IN_FLIGHT or time.monotonic() > deadline:
             return record
         time.sleep(0.2)

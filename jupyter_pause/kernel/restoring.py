@@ -1,0 +1,223 @@
+"""Restoring a checkpoint: map its files, check every buffer, rebuild the variables in order,
+and put the session (imports, settings, random states) back around them.
+
+``Restoring`` is a part of ``Checkpointer`` (its methods use the checkpointer's namespace,
+store and settings).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+from . import store as store_mod
+from .arrays import content_hasher
+from .capture import set_rng_states
+from .loading import BufferSource, buffer_source
+from .reading import OWN_MEMORY_AT_LEAST
+from .results import CheckpointError, RestoreResult
+from .session import SessionReport, apply_session
+from .state import RestoreError, StateLoader, buffers_in_load_order, load_order, streamed_buffers
+from .token import process_token
+
+
+class Restoring:
+    """``restore()`` and the steps of it."""
+
+    # -- restore ---------------------------------------------------------------------------------
+    def restore(
+        self,
+        checkpoint_id: int | None = None,
+        names: list[str] | None = None,
+        *,
+        announce: bool = True,
+    ) -> RestoreResult:
+        """Load a checkpoint (the latest by default) into the namespace, all or some variables.
+
+        ``announce``: tell ``on_restore`` (the server follows restores the notebook makes; its
+        own requests pass False).
+        """
+        result = self._restore(checkpoint_id, names)
+        if announce:
+            for callback in self.on_restore:
+                callback(result)
+        return result
+
+    def _restore(self, checkpoint_id: int | None, names: list[str] | None) -> RestoreResult:
+        started = time.perf_counter()
+        # Unpickling many small containers (100k dicts) would run the cyclic collector hundreds
+        # of times, each pass walking the notebook's whole heap: 0.28 s -> 0.05 s without it.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with self.store.locked():  # no collection may unlink files while we map them
+                return self._restore_locked(checkpoint_id, names, started)
+        except store_mod.StoreError as err:
+            raise CheckpointError(str(err)) from None
+        except OSError as err:
+            raise CheckpointError(
+                f"Restore failed: {err.strerror or err} ({err.filename})."
+            ) from None
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _restore_locked(
+        self, checkpoint_id: int | None, names: list[str] | None, started: float
+    ) -> RestoreResult:
+        store = self.store
+        if checkpoint_id is None:
+            checkpoint_id = store.latest_id()
+            if checkpoint_id is None:
+                raise CheckpointError(
+                    f"No checkpoint yet for {self.key}: run %checkpoint to save one."
+                )
+        manifest = store.read_manifest(checkpoint_id)
+        # Large buffers bound for a CUDA device stream there; a whole restore queues every
+        # other buffer now, in the order loading needs them. A partial one reads what it needs.
+        streamed = streamed_buffers(manifest, OWN_MEMORY_AT_LEAST)
+        needed = (
+            buffers_in_load_order(
+                manifest, load_order(manifest, store_mod.manifest_variables(manifest))
+            )
+            if names is None
+            else []
+        )
+        try:
+            with buffer_source(store, manifest, [d for d in needed if d not in streamed]) as source:
+                return self._load_variables(
+                    manifest, checkpoint_id, names, started, source, streamed
+                )
+        finally:
+            store.release_maps()
+
+    def _load_variables(
+        self,
+        manifest: dict[str, Any],
+        checkpoint_id: int,
+        names: list[str] | None,
+        started: float,
+        source: BufferSource,
+        streamed: set[str],
+    ) -> RestoreResult:
+        verified: set[str] = set()
+        bytes_read = 0
+
+        def location_of(digest: str) -> dict[str, Any]:
+            location = manifest["buffers"].get(digest)
+            if location is None:
+                raise store_mod.StoreError(f"checkpoint {checkpoint_id} lacks buffer {digest}")
+            return location
+
+        def read_buffer(digest: str) -> memoryview:
+            nonlocal bytes_read
+            location = location_of(digest)
+            # Hashed piece by piece while the rest of the buffer is still being read.
+            check = content_hasher() if self.verify and digest not in verified else None
+            data = source.get(digest, None if check is None else check.update)
+            if digest not in verified:
+                if check is not None and check.hexdigest() != digest:
+                    raise store_mod.StoreError(
+                        f"data in {location['file']} does not match its hash: the file is damaged"
+                    )
+                verified.add(digest)
+                bytes_read += data.nbytes
+            return data
+
+        def read_to_device(digest: str, device: str) -> Any:
+            nonlocal bytes_read
+            if digest not in streamed:
+                return None
+            storage = source.to_device(digest, device, self.verify)  # checks the hash itself
+            if storage is not None and digest not in verified:
+                verified.add(digest)
+                bytes_read += location_of(digest)["nbytes"]
+            return storage
+
+        loader = StateLoader(manifest, read_buffer, self.keys, self.namespace, read_to_device)
+        available = store_mod.manifest_variables(manifest)
+        # Plain objects first: they unpickle on the CPU while the prefetched buffers stream in.
+        wanted = load_order(manifest, names or available)
+        restored: list[str] = []
+        failed: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        # A whole restore brings the session back too: where the code runs and what it
+        # imported first (the variables may need both to unpickle), settings that refer to
+        # variables last. A partial restore adds variables to a session that is running.
+        session = SessionReport()
+        if names is None:
+            session.merge(self._apply_session(loader, manifest, "before"))
+        for name in wanted:
+            if name not in available:
+                why = manifest["skipped"].get(name)
+                failed[name] = (
+                    f"was not saved in checkpoint {checkpoint_id}: {why}"
+                    if why
+                    else f"not in checkpoint {checkpoint_id} (it has: {', '.join(available)})"
+                )
+                continue
+            try:
+                values[name] = loader.variable(name)
+            except RestoreError as err:
+                failed[name] = str(err)
+            except store_mod.StoreError as err:
+                failed[name] = str(err)
+        same_process = manifest["process_token"] == process_token()
+        replaced = (
+            []
+            if same_process
+            else sorted(n for n in values if n in self.namespace and n not in self.hidden)
+        )
+        self.namespace.update(values)
+        restored = sorted(values)
+        if names is None:
+            session.merge(self._apply_session(loader, manifest, "after"))
+        rng: list[str] = []
+        if names is None:
+            self._marked = list(manifest.get("marked", []))
+            try:
+                rng = set_rng_states(_unpickle_plain(read_buffer(manifest["rng"])))
+            except Exception as err:  # an RNG state is never worth failing a restore for
+                loader.rebuilder.warnings.append(f"random generator states not restored: {err}")
+        if names is None and not failed:
+            self._remember_base(checkpoint_id, values)
+        not_saved = {} if names else dict(manifest["skipped"])
+        return RestoreResult(
+            checkpoint_id=checkpoint_id,
+            notebook=self.key,
+            restored=restored,
+            failed=failed,
+            not_saved=not_saved,
+            warnings=loader.rebuilder.warnings,
+            rng=rng,
+            seconds=time.perf_counter() - started,
+            bytes_read=bytes_read,
+            saved_by_token=manifest["process_token"],
+            same_process=same_process,
+            session=session.to_json(),
+            detached={n: f for n, f in manifest.get("detached", {}).items() if n in values},
+            replaced=replaced,
+            not_asked=sorted(set(available) - set(names)) if names else [],
+        )
+
+    def _apply_session(
+        self, loader: StateLoader, manifest: dict[str, Any], phase: str
+    ) -> SessionReport:
+        digest = manifest.get("session", {}).get(phase)
+        if digest is None:  # nothing of this phase, or a checkpoint older than session saving
+            return SessionReport()
+        try:
+            states = loader.extra(digest)
+        except (RestoreError, store_mod.StoreError) as err:
+            what = "imports, environment, settings" if phase == "before" else "registered magics"
+            return SessionReport(failed={f"session ({what})": str(err)})
+        from . import session_settings  # noqa: F401  (the built-in settings register on import)
+
+        return apply_session(states, self._session_context([]))
+
+
+def _unpickle_plain(data: memoryview) -> Any:
+    import pickle
+
+    return pickle.loads(bytes(data))
