@@ -18,7 +18,7 @@ CHROMIUM      ?= /usr/bin/chromium
 # jlpm scripts call `jupyter builder ...`: make the .venv's jupyter the one they find.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup lab watch test browser lint mutants bench
+.PHONY: setup lab watch test browser lint mutants bench docs
 
 # pip's live progress bars on a terminal only (decided when the recipe runs, on its own
 # stdout): a CI log gets pip's line per package instead.
@@ -73,7 +73,7 @@ browser:
 		fi; \
 	fi
 
-# Runs every stage (Python and TypeScript linters, jest, the galata ui-tests, pytest) even
+# Runs every stage (Python and TypeScript linters, the docs, jest, the galata ui-tests, pytest) even
 # when one fails, then prints one line per stage and fails if any did.
 test: $(SETUP_STAMP) browser
 	@summary=""; failed=0; \
@@ -82,12 +82,17 @@ test: $(SETUP_STAMP) browser
 		else summary="$$summary  $$name: FAILED\n"; failed=1; fi; }; \
 	stage ruff sh -c '$(BIN)/ruff check . && $(BIN)/ruff format --check .'; \
 	stage lint $(JLPM) lint:check; \
+	stage docs $(BIN)/mkdocs build --strict; \
 	stage jest $(JLPM) test; \
 	stage ui-tests sh -c 'cd ui-tests && rm -f server.log && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(JLPM) install && { CHROMIUM_PATH=$(CHROMIUM) $(JLPM) playwright test || { \
 		if [ -f server.log ]; then echo "--- the last 80 lines of the server log, ui-tests/server.log:"; tail -n 80 server.log; fi; exit 1; }; }'; \
 	stage pytest $(BIN)/pytest -p no:cacheprovider -rs; \
 	printf "\nmake test:\n$$summary"; \
 	exit $$failed
+
+# The manual (docs/, mkdocs.yml) into site/; a warning (a broken link or anchor) fails it.
+docs: $(SETUP_STAMP)
+	$(BIN)/mkdocs build --strict
 
 lint: $(SETUP_STAMP)
 	$(BIN)/ruff check --fix .
