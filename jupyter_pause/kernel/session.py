@@ -31,20 +31,27 @@ class Baseline:
 
     environ: dict[str, str]
     extensions: frozenset[str] = frozenset()  # IPython extensions loaded by the kernel itself
+    # The notebook's folder: a kernel starts in it, so a working directory inside it is saved
+    # relative to it and comes back inside the folder the notebook is in now (moved, copied).
+    home: str = ""
 
     @classmethod
     def take(cls, late: bool, shell: Any = None) -> Baseline:
         """``late``: the notebook ran cells before this (``%load_ext`` after some work), so
         what is set now may hold the notebook's changes: the environment the process was
         started with (``/proc/self/environ``) is the baseline then, and of the extensions
-        only IPython's default one."""
+        only IPython's default one; the notebook's folder is the one the server names, else
+        the working directory (the notebook may have left its folder by then)."""
         environ = dict(os.environ)
         loaded = getattr(getattr(shell, "extension_manager", None), "loaded", ())
         extensions = frozenset(loaded)
+        home = os.getcwd()
         if late:
             environ = _launch_environ() or environ
             extensions = frozenset(name for name in loaded if name.endswith("storemagic"))
-        return cls(environ=environ, extensions=extensions)
+            named = os.environ.get("JUPYTER_PAUSE_NOTEBOOK")
+            home = os.path.dirname(os.path.realpath(named)) if named else home
+        return cls(environ=environ, extensions=extensions, home=home)
 
 
 def _launch_environ() -> dict[str, str] | None:

@@ -26,15 +26,28 @@ from .session import Outcome, SessionContext, SessionSetting, register
 # -- environment ------------------------------------------------------------------------------
 
 
-def _capture_cwd(context: SessionContext) -> str:
-    return os.getcwd()
+def _capture_cwd(context: SessionContext) -> dict[str, str | None]:
+    """The working directory, relative to the notebook's folder when it is that folder or
+    under it (a moved or copied notebook works in its own folder again), else absolute."""
+    cwd = os.getcwd()
+    home = context.baseline.home
+    inside = bool(home) and os.path.commonpath([cwd, home]) == home
+    return {"path": cwd, "relative": os.path.relpath(cwd, home) if inside else None}
 
 
-def _apply_cwd(cwd: str, context: SessionContext) -> None:
-    if os.getcwd() != cwd:
-        if not os.path.isdir(cwd):
-            raise FileNotFoundError(f"{cwd} no longer exists; the kernel stays in {os.getcwd()}")
-        os.chdir(cwd)
+def _apply_cwd(state: str | dict[str, str | None], context: SessionContext) -> None:
+    if isinstance(state, str):  # a checkpoint from before working directories were relative
+        state = {"path": state, "relative": None}
+    relative, home = state["relative"], context.baseline.home
+    if relative is not None and home:
+        wanted = os.path.normpath(os.path.join(home, relative))
+        where = f"{relative} in the notebook's folder {home}"
+    else:
+        wanted = where = str(state["path"])
+    if os.getcwd() != wanted:
+        if not os.path.isdir(wanted):
+            raise FileNotFoundError(f"{where} no longer exists; the kernel stays in {os.getcwd()}")
+        os.chdir(wanted)
 
 
 def _capture_sys_path(context: SessionContext) -> list[str]:

