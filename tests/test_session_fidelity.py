@@ -10,6 +10,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from .kernels import Kernel, KernelFactory, checkpoint, restore
 
 CHECKPOINTER = "__import__('jupyter_pause.kernel.api').kernel.api.installed()"
@@ -76,3 +78,31 @@ def test_working_directory_outside_the_notebook_folder_stays_absolute_and_a_gone
     out = third.ok("%checkpoint restore")
     assert "session not restored: working directory (" in out and "scratch" in out
     assert third.value("__import__('os').getcwd()") == str(copy)
+
+
+def test_settings_whose_value_is_none_come_back(start_kernel: KernelFactory) -> None:
+    pytest.importorskip("pandas")
+    pytest.importorskip("matplotlib")
+    # Given a pandas option and a matplotlib rcParam set to None (the classic style's legend)
+    first = start_kernel()
+    first.ok(
+        """
+%load_ext jupyter_pause
+import matplotlib
+matplotlib.use("Agg")
+import pandas as pd, matplotlib.pyplot as plt
+pd.set_option("display.max_rows", None)
+plt.rcParams["legend.framealpha"] = None
+"""
+    )
+    checkpoint(first)
+
+    # When a new kernel restores
+    second = start_kernel()
+    result = restore(second)
+
+    # Then both are None again, not the defaults
+    assert result["session"]["failed"] == {}
+    assert second.value(
+        "[pd.get_option('display.max_rows'), plt.rcParams['legend.framealpha']]"
+    ) == [None, None]

@@ -245,10 +245,14 @@ register(SessionSetting("%config", "settings", _capture_config, _apply_config))
 def _set_changed(
     labels_prefix: str, wanted: dict[str, Any], current: dict[str, Any], setter: Any
 ) -> Outcome:
-    """Apply ``setter(name, value)`` for each value that differs; report each failure."""
+    """Apply ``setter(name, value)`` for each value that differs; report each failure.
+
+    A name missing from ``current`` (which may hold only what differs from the defaults) is
+    set whatever its value: ``None`` is a value (pandas ``display.max_rows``), not "missing".
+    """
     failed = {}
     for name, value in wanted.items():
-        if current.get(name) == value:
+        if name in current and current[name] == value:
             continue
         try:
             setter(name, value)
