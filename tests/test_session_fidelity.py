@@ -106,3 +106,38 @@ plt.rcParams["legend.framealpha"] = None
     assert second.value(
         "[pd.get_option('display.max_rows'), plt.rcParams['legend.framealpha']]"
     ) == [None, None]
+
+
+def test_scipy_ufuncs_after_multiprocessing_come_back_as_imports(
+    start_kernel: KernelFactory,
+) -> None:
+    pytest.importorskip("scipy")
+    # Given ufuncs imported from scipy.special after multiprocessing (torch, sklearn import it)
+    first = start_kernel()
+    first.ok(
+        """
+%load_ext jupyter_pause
+import multiprocessing
+import numpy as np
+from scipy.special import expit, erf, gammaln
+activations = {"sigmoid": expit}
+"""
+    )
+    assert first.value("[getattr(expit, '__module__', None), type(expit).__name__]") == [
+        None,
+        "ufunc",
+    ]
+    saved = checkpoint(first)
+    assert saved["skipped"] == {}
+
+    # When a new kernel restores
+    second = start_kernel()
+    result = restore(second)
+
+    # Then they are imports again, the very objects of scipy.special, also inside a container
+    assert result["failed"] == {}
+    assert {"expit", "erf", "gammaln"} <= set(result["session"]["done"]["imports"])
+    assert second.value(
+        "[expit is __import__('scipy.special').special.expit, activations['sigmoid'] is expit,"
+        " float(expit(0.0)), float(erf(0.0)), float(gammaln(1.0))]"
+    ) == [True, True, 0.5, 0.0, 0.0]

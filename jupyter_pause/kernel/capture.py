@@ -92,6 +92,9 @@ def imported_as(name: str, value: Any) -> Import | None:
         if isinstance(module, str) and sys.modules.get(module) is value:
             return Import(name, module)
         return None
+    home = ufunc_home(value)
+    if home is not None:
+        return Import(name, home, value.__name__)
     if not isinstance(value, type | types.FunctionType | types.BuiltinFunctionType):
         return None
     module = getattr(value, "__module__", None)
@@ -102,6 +105,37 @@ def imported_as(name: str, value: Any) -> Import | None:
     for part in qualname.split("."):
         found = getattr(found, part, None)
     return Import(name, module, qualname) if found is value else None
+
+
+#: The notebook's own namespace under the names pickle's module search also looks in.
+_NOTEBOOK_MODULES = frozenset({"__main__", "__mp_main__"})
+
+
+def ufunc_home(value: Any) -> str | None:
+    """The module to import a numpy ufunc from when it does not say (None for anything else).
+
+    Ufuncs made by extension modules (``scipy.special.expit``) have no ``__module__``, so
+    pickle looks for them in every module; once ``multiprocessing`` is imported (torch,
+    scikit-learn and joblib import it) the notebook's namespace is one of them,
+    ``__mp_main__``, and they were pickled as attributes of the notebook. The public module
+    with the shortest name that holds the very object wins (``scipy.special``, not
+    ``scipy.special._ufuncs``); module ``__dict__``s are read directly, so no lazy module
+    ``__getattr__`` runs (or warns).
+    """
+    numpy = sys.modules.get("numpy")
+    ufunc = getattr(numpy, "ufunc", None)
+    if ufunc is None or not isinstance(value, ufunc) or getattr(value, "__module__", None):
+        return None
+    name = value.__name__
+    holders = [
+        module_name
+        for module_name, module in list(sys.modules.items())
+        if module_name not in _NOTEBOOK_MODULES
+        and getattr(module, "__dict__", {}).get(name) is value
+    ]
+    if not holders:
+        return None
+    return min(holders, key=lambda n: (any(p.startswith("_") for p in n.split(".")), len(n), n))
 
 
 def _import_order(imports: list[Import]) -> list[Import]:

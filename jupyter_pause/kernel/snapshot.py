@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ import cloudpickle
 
 from . import handles
 from .arrays import external_types, leaf_grad, saved_as_buffer
+from .capture import ufunc_home
 from .describing import Describer, Storage
 from .state import (
     _NOTEBOOK_GLOBALS,
@@ -115,6 +117,9 @@ class _FramePickler(cloudpickle.Pickler):
         reopen = handles.reduce_handle(obj)
         if reopen is not None:
             return reopen
+        home = ufunc_home(obj)  # inside a container: pickle's own search may find __mp_main__
+        if home is not None:
+            return getattr, (sys.modules[home], obj.__name__)
         return super().reducer_override(obj)
 
     def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
