@@ -141,3 +141,73 @@ activations = {"sigmoid": expit}
         "[expit is __import__('scipy.special').special.expit, activations['sigmoid'] is expit,"
         " float(expit(0.0)), float(erf(0.0)), float(gammaln(1.0))]"
     ) == [True, True, 0.5, 0.0, 0.0]
+
+
+STRUCTURED = """
+%load_ext jupyter_pause
+import hashlib
+import numpy as np
+data = np.zeros(4, dtype=[("id", "i4"), ("pos", "f8", (3, 3)), ("tag", [("a", "u1"), ("b", "S3")])])
+data["id"] = np.arange(4)
+data["pos"] = np.arange(36.0).reshape(4, 3, 3)
+data["tag"]["b"] = b"xyz"
+digest = hashlib.sha256(data.tobytes()).hexdigest()
+"""
+
+
+def test_structured_array_with_a_sub_array_field_comes_back_bit_identical(
+    start_kernel: KernelFactory,
+) -> None:
+    # Given a structured array whose fields hold a 3x3 sub-array and a nested structure
+    first = start_kernel()
+    first.ok(STRUCTURED)
+    saved = checkpoint(first)
+    assert "data" in saved["saved"], saved["skipped"]
+
+    # When a new kernel restores
+    second = start_kernel()
+    assert restore(second)["failed"] == {}
+
+    # Then its dtype and bytes are identical
+    assert second.value(
+        "[str(data.dtype) == {!r}, hashlib.sha256(data.tobytes()).hexdigest() == digest,"
+        " data['pos'].shape]".format(first.value("str(data.dtype)"))
+    ) == [True, True, [4, 3, 3]]
+
+
+def test_ndarray_subclass_views_keep_sharing_memory(start_kernel: KernelFactory) -> None:
+    # Given a recarray, a masked array and a matrix viewing plain arrays
+    first = start_kernel()
+    first.ok(
+        STRUCTURED
+        + """
+records = data.view(np.recarray)
+values = np.arange(6.0)
+masked = np.ma.masked_array(values, mask=[0, 1, 0, 0, 1, 0], fill_value=-9.0)
+grid = np.arange(4.0)
+square = grid.reshape(2, 2).view(np.matrix)
+"""
+    )
+    checkpoint(first)
+
+    # When a new kernel restores and writes through the plain arrays
+    second = start_kernel()
+    assert restore(second)["failed"] == {}
+    second.ok("data['id'][0] = 40\nvalues[0] = 100.0\ngrid[3] = 30.0")
+
+    # Then each view sees the write and keeps its own type, mask and fill value
+    assert second.value(
+        "[type(records).__name__, int(records.id[0]), records.pos.shape,"
+        " type(masked).__name__, float(masked[0]), masked.mask.tolist(),"
+        " float(masked.fill_value), type(square).__name__, float(square[1, 1])]"
+    ) == [
+        "recarray",
+        40,
+        [4, 3, 3],
+        "MaskedArray",
+        100.0,
+        [False, True, False, False, True, False],
+        -9.0,
+        "matrix",
+        30.0,
+    ]

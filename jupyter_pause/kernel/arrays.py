@@ -57,6 +57,30 @@ def saved_as_buffer(obj: Any) -> bool:
     return True
 
 
+def subclass_view_reduce(obj: Any) -> tuple[Any, ...] | None:
+    """A recarray, matrix or masked array as a plain array view of its memory plus its
+    attributes (None for anything else): the plain view is saved as a buffer like any array,
+    so the subclass view shares memory with the arrays it viewed again after a restore
+    (pickled whole, it came back a copy). A masked array's mask is such an array too."""
+    numpy = sys.modules.get("numpy")
+    if numpy is None or not isinstance(obj, numpy.ndarray) or obj.dtype.hasobject:
+        return None
+    kinds = [numpy.recarray, numpy.matrix]
+    masked = sys.modules.get("numpy.ma")
+    if masked is not None:
+        kinds.append(masked.MaskedArray)
+    if type(obj) not in kinds:
+        return None
+    return view_as_subclass, (type(obj), obj.view(numpy.ndarray), dict(vars(obj)))
+
+
+def view_as_subclass(cls: type, array: Any, attributes: dict[str, Any]) -> Any:
+    """Rebuild what ``subclass_view_reduce`` saved: a view of ``array``'s memory."""
+    view = array.view(cls)
+    view.__dict__.update(attributes)
+    return view
+
+
 def leaf_grad(tensor: Any) -> Any:
     """The gradient a leaf tensor accumulated, if any (asking a non-leaf would warn)."""
     if not type(tensor).__module__.startswith("torch") or not tensor.is_leaf:
@@ -173,7 +197,15 @@ class Rebuilder:
 
 
 def _as_descr(descr: Any) -> Any:
-    """JSON turns numpy's structured descr tuples into lists; numpy wants tuples back."""
-    if isinstance(descr, list):
-        return [tuple(_as_descr(part) for part in field) for field in descr]
-    return descr
+    """JSON turns numpy's structured descr tuples into lists; numpy wants tuples back.
+
+    A field is ``(name, type)`` or ``(name, type, shape)``: the name may be a ``(title,
+    name)`` pair, the type a nested structure, the shape that of a sub-array field.
+    """
+    if not isinstance(descr, list):
+        return descr
+    fields = []
+    for name, kind, *shape in descr:
+        field = (tuple(name) if isinstance(name, list) else name, _as_descr(kind))
+        fields.append(field + tuple(tuple(part) for part in shape))
+    return fields

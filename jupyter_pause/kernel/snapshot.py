@@ -17,7 +17,7 @@ from typing import Any
 import cloudpickle
 
 from . import handles
-from .arrays import external_types, leaf_grad, saved_as_buffer
+from .arrays import external_types, leaf_grad, saved_as_buffer, subclass_view_reduce
 from .capture import ufunc_home
 from .describing import Describer, Storage
 from .state import (
@@ -117,6 +117,9 @@ class _FramePickler(cloudpickle.Pickler):
         reopen = handles.reduce_handle(obj)
         if reopen is not None:
             return reopen
+        view = subclass_view_reduce(obj)
+        if view is not None:
+            return view
         home = ufunc_home(obj)  # inside a container: pickle's own search may find __mp_main__
         if home is not None:
             return getattr, (sys.modules[home], obj.__name__)
