@@ -8,7 +8,8 @@ from pathlib import Path
 
 import nbformat
 
-#: bench/notebooks: upstream/ (other projects' test notebooks, see SOURCES.md) and own/.
+#: bench/notebooks: upstream/ (other projects' test notebooks), tutorials/ (books, courses, library
+#: tutorials) and own/; sources and licences in SOURCES.md.
 CORPUS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
