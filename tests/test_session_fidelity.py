@@ -211,3 +211,26 @@ square = grid.reshape(2, 2).view(np.matrix)
         "matrix",
         30.0,
     ]
+
+
+def test_a_detached_tensor_is_named_with_the_backward_that_will_fail(
+    start_kernel: KernelFactory,
+) -> None:
+    pytest.importorskip("torch")
+    # Given a loss computed by a forward pass, checkpointed before its backward()
+    first = start_kernel()
+    first.ok(
+        "%load_ext jupyter_pause\nimport torch\nlayer = torch.nn.Linear(2, 1)\n"
+        "loss = layer(torch.ones(1, 2)).pow(2).sum()"
+    )
+    checkpoint(first)
+
+    # When a new kernel restores
+    second = start_kernel()
+    out = second.ok("%load_ext jupyter_pause\n%checkpoint restore")
+
+    # Then the summary names loss, the backward() that would fail and what to do
+    assert "loss.backward() or any backward() through it raises" in out
+    assert "does not require grad" in out
+    assert "re-run the forward pass" in out
+    assert "does not require grad" in second.run("loss.backward()").error

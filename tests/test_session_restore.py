@@ -549,7 +549,7 @@ leaf = torch.ones(2, requires_grad=True)
 
     # Then their values are back, detached, and the summary says so and what to do
     assert "autograd graph not restored: " in out
-    assert "output (computed by AddmmBackward0; detached after a restore" in out
+    assert "output (computed by AddmmBackward0; detached, so output.backward()" in out
     assert second.value(
         "[output.requires_grad, loss.requires_grad, leaf.requires_grad, "
         "round(loss.item(), 6) == round(float((output - 1).pow(2).sum()), 6)]"

@@ -110,7 +110,9 @@ class RestoreResult:
         if self.session.get("failed"):
             line += "; session not restored: " + format_reasons(self.session["failed"], "; ")
         if self.detached:
-            line += "; autograd graph not restored: " + _detached_reasons(self.detached)
+            line += "; autograd graph not restored: " + _detached_reasons(
+                self.detached, restored=True
+            )
         if self.not_saved:
             line += "; not in the checkpoint: " + format_reasons(self.not_saved, "; ")
         if self.replaced:
@@ -120,11 +122,14 @@ class RestoreResult:
         return line
 
 
-def _detached_reasons(detached: dict[str, str]) -> str:
+def _detached_reasons(detached: dict[str, str], restored: bool = False) -> str:
+    """Per variable: which backward() will fail, with what error, and what to do first."""
+    when = "detached" if restored else "detached after a restore"
     return format_reasons(
         {
-            name: f"computed by {function}; detached after a restore: run the cell that "
-            "computes it again before a backward() through it"
+            name: f"computed by {function}; {when}, so {name}.backward() or any backward() "
+            'through it raises "element 0 of tensors does not require grad": re-run the '
+            "forward pass that computes it first"
             for name, function in detached.items()
         },
         "; ",
