@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,7 +175,9 @@ class NotebookBench:
         restore_text = _transcript(restored)
         lost = names_reported_lost(restore_text) if method.reports_losses else set()
         differing = self._differing_cells(k, resumed.outputs, reference)
-        variables = compare_variables(reference.digests, resumed.digests)
+        variables = compare_variables(
+            reference.digests, resumed.digests, reference.unstable_variables
+        )
         if not differing and not variables:
             verdict = PASS
         elif excused(self.notebook.cells, k, differing, variables, lost):
@@ -268,8 +271,14 @@ class NotebookBench:
         raise RuntimeError(f"fingerprinting the variables failed: {_transcript(output)}")
 
 
-def compare_variables(reference: dict[str, str], resumed: dict[str, str]) -> dict[str, str]:
-    """name -> how it differs, for every reproducible variable that did not come back as it was."""
+def compare_variables(
+    reference: dict[str, str], resumed: dict[str, str], unstable: Iterable[str] = ()
+) -> dict[str, str]:
+    """name -> how it differs, for every reproducible variable that did not come back as it was.
+
+    ``unstable``: the variables left out of ``reference`` because the two uninterrupted runs
+    fingerprinted them differently; the resumed run having them is no difference.
+    """
     problems = {}
     for name, expected in reference.items():
         got = resumed.get(name)
@@ -281,7 +290,7 @@ def compare_variables(reference: dict[str, str], resumed: dict[str, str]) -> dic
             kind = expected.split(":", 1)[0]
             now = got[1:] if got.startswith("?") else got.split(":", 1)[0]
             problems[name] = "differs" if now == kind else f"differs ({kind} -> {now})"
-    for name in resumed.keys() - reference.keys():
+    for name in resumed.keys() - reference.keys() - set(unstable):
         problems[name] = "extra"
     return problems
 
