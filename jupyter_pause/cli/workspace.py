@@ -33,6 +33,7 @@ import sys
 import time
 from typing import Any
 
+from ..backends.gke_workspaces import CHECKPOINT_STATE, LAST_CHECKPOINT, READY
 from ..backends.kube import STATE_ANNOTATION, WORKSPACE_LABEL, Kube, KubeError, condition, epoch
 from ..backends.workspace import facts_of
 from ..formatting import format_bytes, format_duration
@@ -121,6 +122,13 @@ def view(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     if paused:
         if pod is not None:
             return {**record, "state": "pausing", "message": "The pod is being stopped."}
+        annotations = (workspace.get("metadata") or {}).get("annotations") or {}
+        if not recorded.get("snapshot") and annotations.get(CHECKPOINT_STATE) == READY:
+            # GKE Workspaces: the add-on's snapshot stopped the pod before our server could
+            # name it; the add-on names it on the Workspace
+            taken = annotations.get(LAST_CHECKPOINT)
+            if taken:
+                recorded = {**recorded, "snapshot": f"{taken} (by the GKE Workspaces add-on)"}
         return {**record, "state": "paused", "message": paused_message(recorded)}
     phase = ((pod or {}).get("status") or {}).get("phase")
     scheduled = (condition(pod, "PodScheduled") if pod else None) or {}

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.base import BackendError, EnvironmentBackend, EnvironmentFacts, SnapshotOutcome
+from ..backends.workspace_modes import GKE_WORKSPACES
 from ..formatting import format_bytes, format_duration
 from ..kernel.token import process_token
 from ..policy import Policy
@@ -75,6 +76,7 @@ class Environment:
         self.resume = resume  # one notebook, live where proven (``Resumes.for_environment``)
         self.file = EnvironmentFile(Path(sessions.store_root) / ENVIRONMENT_FILE)
         self.token = process_token()
+        self.announced = False  # this pause is on the Workspace's state annotation already
         self.pausing: asyncio.Task[None] | None = None  # checkpoints, snapshot, stop request
         self.waiting: asyncio.Task[None] | None = None  # paused: waiting to be restored or ended
         self.paused_here: dict[str, Any] | None = None  # the pause this process made, in memory
@@ -171,11 +173,18 @@ class Environment:
                 mode=mode,
                 mode_reason=why,
             )
-            await self.file.write(
-                pause_state(
-                    self.token, running, reason, origin, facts.instance, unfinished, pause_id, at
-                )
+            provisional = pause_state(
+                self.token, running, reason, origin, facts.instance, unfinished, pause_id, at
             )
+            await self.file.write(provisional)
+            self.announced = False
+            if mode == GKE_WORKSPACES:
+                # The add-on stops the pod right after its snapshot, before this process can
+                # say more: from here the Workspace says who paused it, what was saved and how
+                # (`jupyter pause status --workspace` while it is paused).
+                with contextlib.suppress(BackendError):
+                    await self.backend.announce(provisional)
+                    self.announced = True
             outcome = await self.backend.snapshot_environment(on_phase)
             state = pause_state(
                 self.token, running, reason, origin, facts.instance, outcome, pause_id, at
@@ -270,6 +279,10 @@ class Environment:
         if disk.get("state") == "paused":
             with contextlib.suppress(OSError):
                 await self.file.write({**disk, "state": "running"})
+        if self.announced:  # the Workspace no longer says paused either
+            self.announced = False
+            with contextlib.suppress(BackendError):
+                await self.backend.announce({})
         for record in running:
             intact = intact_text(record.checkpoint)
             record.timeline.add("failed", what=f"pause: {what}")

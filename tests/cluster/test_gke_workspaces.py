@@ -106,6 +106,13 @@ def test_our_pause_button_makes_exactly_the_addons_one_snapshot_and_comes_back(
     assert PIN_ANNOTATION not in (template.get("annotations") or {})  # the add-on pins, not us
     # (the pod was stopped by its snapshot, as the add-on's policy says: our process with it)
     assert container.frozen and "snapshot-stopped" in container.signals
+    # And while it is paused, the Workspace says who paused it, what was saved, how and which
+    # snapshot (our server was stopped by the add-on's snapshot before it could say more)
+    status = cli(real_chain, tmp_path, "status", "--workspace", f"{real_chain.namespace}/lab")
+    line = status.stdout
+    assert status.returncode == 0 and f"{real_chain.namespace}/lab: paused - Paused since" in line
+    assert f"pod snapshot {snapshot} (by the GKE Workspaces add-on)" in line, line
+    assert "0 B saved" not in line and "gke-workspaces" in line, line
 
     # When the user resumes it from outside (as the Kubeflow UI's Start does)
     real_chain.restore_mode = restore
