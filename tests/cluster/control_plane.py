@@ -113,6 +113,22 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
+def webhook_pki(folder: Path, name: str) -> Path:
+    """A CA of its own and a serving certificate for the loopback address the API server calls a
+    webhook at (in a cluster: cert-manager's Certificate for the webhook's Service), in
+    ``folder``: ``ca.crt`` (the webhook configuration's caBundle), ``tls.crt`` and ``tls.key``."""
+    folder.mkdir(parents=True)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+             "ca.crt", "-days", "30", "-subj", f"/CN={name}-ca", cwd=folder)  # fmt: skip
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr",
+             "-subj", f"/CN={name}", cwd=folder)  # fmt: skip
+    (folder / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    _openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", "tls.crt", "-days", "30", "-extfile", "ext.cnf",
+             cwd=folder)  # fmt: skip
+    return folder
+
+
 @dataclass
 class Credentials:
     url: str
@@ -649,18 +665,7 @@ class ControlPlane:
                 self.install_gvisor_runtime_class()
             token = self._addon_identity(api)
         kubeconfig = self.credentials(token).kubeconfig(self.workdir / "gke-addon.kubeconfig")
-        pki = self.workdir / "gke-addon-pki"
-        pki.mkdir()
-        # The webhook's own CA and a serving certificate for the loopback address the API
-        # server calls (in a cluster: cert-manager's Certificate for the webhook Service).
-        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
-                 "ca.crt", "-days", "30", "-subj", "/CN=gke-snapshot-webhook-ca", cwd=pki)  # fmt: skip
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr",
-                 "-subj", "/CN=gke-snapshot-webhook-service", cwd=pki)  # fmt: skip
-        (pki / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
-        _openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-out", "tls.crt", "-days", "30", "-extfile", "ext.cnf",
-                 cwd=pki)  # fmt: skip
+        pki = webhook_pki(self.workdir / "gke-addon-pki", "gke-snapshot-webhook-service")
         webhook_port, health_port = free_port(), free_port()
         identity = f"{ADDON_NAME}-0"
         argv = [binary, "--kubeconfig", str(kubeconfig),

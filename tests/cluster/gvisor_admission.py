@@ -46,7 +46,7 @@ from typing import Any
 import yaml
 
 from ..server_process import free_port
-from .control_plane import ControlPlane, _openssl, wait_until
+from .control_plane import ControlPlane, wait_until, webhook_pki
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY_FILE = ROOT / "deploy" / "modes" / "pod-snapshots" / "gvisor-admission-policy.yaml"
@@ -234,16 +234,7 @@ class GvisorAdmission:
 
     # -- serving ------------------------------------------------------------------------------
     def start(self) -> None:
-        pki = self.workdir / "gvisor-admission-pki"
-        pki.mkdir(parents=True)
-        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
-                 "ca.crt", "-days", "30", "-subj", "/CN=gvisor-admission-ca", cwd=pki)  # fmt: skip
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr",
-                 "-subj", "/CN=gvisor-admission", cwd=pki)  # fmt: skip
-        (pki / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
-        _openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-out", "tls.crt", "-days", "30", "-extfile", "ext.cnf",
-                 cwd=pki)  # fmt: skip
+        pki = webhook_pki(self.workdir / "gvisor-admission-pki", "gvisor-admission")
         self.ca_bundle = (pki / "ca.crt").read_bytes()
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(pki / "tls.crt", pki / "tls.key")
