@@ -94,7 +94,8 @@ def view(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     """The Workspace's state as a session-like record: state, message, and the details."""
     workspace = kube.get_workspace(namespace, name)
     paused = bool((workspace.get("spec") or {}).get("paused"))
-    raw = ((workspace.get("metadata") or {}).get("annotations") or {}).get(STATE_ANNOTATION)
+    annotations = (workspace.get("metadata") or {}).get("annotations") or {}
+    raw = annotations.get(STATE_ANNOTATION)
     try:
         recorded = json.loads(raw) if raw else {}
     except ValueError:
@@ -122,7 +123,6 @@ def view(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     if paused:
         if pod is not None:
             return {**record, "state": "pausing", "message": "The pod is being stopped."}
-        annotations = (workspace.get("metadata") or {}).get("annotations") or {}
         if not recorded.get("snapshot") and annotations.get(CHECKPOINT_STATE) == READY:
             # GKE Workspaces: the add-on's snapshot stopped the pod before our server could
             # name it; the add-on names it on the Workspace
