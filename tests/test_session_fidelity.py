@@ -234,3 +234,120 @@ def test_a_detached_tensor_is_named_with_the_backward_that_will_fail(
     assert "does not require grad" in out
     assert "re-run the forward pass" in out
     assert "does not require grad" in second.run("loss.backward()").error
+
+
+FIGURE_OF_HELD_ARRAYS = """
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+images = np.random.default_rng(0).random((4, 8, 8))
+fig, ax = plt.subplots()
+ax.imshow(images[0])
+ax.set_title("first image")
+"""
+
+
+def test_a_figure_showing_a_view_of_a_held_array_is_saved_with_the_rest(
+    start_kernel: KernelFactory,
+) -> None:
+    pytest.importorskip("matplotlib")
+    # Given a figure that shows a view of an array the notebook holds, and its Axes
+    first = start_kernel()
+    first.ok(FIGURE_OF_HELD_ARRAYS)
+
+    # When it is checkpointed: nothing is skipped, no variable aborts the others
+    saved = checkpoint(first)
+    assert {"images", "fig", "ax"} <= set(saved["saved"]), saved["skipped"]
+
+    # Then a new kernel gets the figure back with its image, title and the Axes of that figure
+    second = start_kernel()
+    assert restore(second)["failed"] == {}
+    assert second.value(
+        "[ax.figure is fig, ax.get_title(), bool((ax.images[0].get_array() == images[0]).all()),"
+        " images.shape]"
+    ) == [True, "first image", True, [4, 8, 8]]
+
+
+def test_the_axes_array_of_subplots_stays_the_figures_axes(start_kernel: KernelFactory) -> None:
+    pytest.importorskip("matplotlib")
+    # Given a figure with two Axes, held by the notebook both as `fig` and as the array `axes`
+    first = start_kernel()
+    first.ok(
+        'import matplotlib\nmatplotlib.use("Agg")\nimport matplotlib.pyplot as plt\n'
+        "fig, axes = plt.subplots(1, 2)\naxes[0].plot([1, 2, 3])"
+    )
+    checkpoint(first)
+
+    # When a new kernel restores and draws on the second Axes through the array
+    second = start_kernel()
+    assert restore(second)["failed"] == {}
+    second.ok("axes[1].plot([3, 2, 1])")
+
+    # Then the array holds the figure's own Axes, so the figure shows what was drawn
+    assert second.value(
+        "[axes[0] is fig.axes[0], axes[1] is fig.axes[1], [len(a.lines) for a in fig.axes]]"
+    ) == [True, True, [1, 1]]
+
+
+SHARED_PARTS = """
+class Part:
+    def __init__(self, size):
+        self.size = size
+class Whole:
+    def __init__(self):
+        self.first, self.second = Part(1), Part(2)
+whole = Whole()
+"""
+
+
+def test_a_part_shared_by_two_variables_stays_one_object_also_when_only_one_changed(
+    start_kernel: KernelFactory,
+) -> None:
+    # Given a checkpoint of `whole`, then a new variable holding two of its parts (not
+    # variables themselves), found through gc so that the cell leaves `whole` clean: its
+    # frame would be reused as it was
+    first = start_kernel()
+    first.ok("%load_ext jupyter_pause\n" + SHARED_PARTS)
+    first.ok("%checkpoint")
+    first.ok(
+        "import gc\n"
+        "parts = sorted((o for o in gc.get_objects() if type(o).__name__ == 'Part'),"
+        " key=lambda part: part.size)"
+    )
+    first.ok("%checkpoint")
+
+    # When a new kernel restores and changes a part through the list
+    second = start_kernel()
+    assert restore(second)["failed"] == {}
+    second.ok("parts[0].size = 10")
+
+    # Then `whole` sees it: the list holds its parts, not copies
+    assert second.value(
+        "[parts[0] is whole.first, whole.first.size, parts[1] is whole.second]"
+    ) == [
+        True,
+        10,
+        True,
+    ]
+
+
+def test_a_float_constant_imported_from_a_module_comes_back_as_that_constant(
+    start_kernel: KernelFactory,
+) -> None:
+    # Given constants imported from numpy and math, and floats the notebook computed
+    first = start_kernel()
+    first.ok(
+        "from numpy import nan, inf\nfrom math import pi\nimport numpy as np\n"
+        "ratio = float('nan')\nscale = 2.5"
+    )
+    checkpoint(first)
+
+    # When a new kernel restores
+    second = start_kernel()
+    assert restore(second)["failed"] == {}
+
+    # Then the imported ones are the modules' own objects again, the computed ones values
+    assert second.value(
+        "[nan is np.nan, inf is np.inf, pi is __import__('math').pi, ratio != ratio, scale]"
+    ) == [True, True, True, True, 2.5]

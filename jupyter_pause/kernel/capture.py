@@ -95,6 +95,11 @@ def imported_as(name: str, value: Any) -> Import | None:
     home = ufunc_home(value)
     if home is not None:
         return Import(name, home, value.__name__)
+    if type(value) is float:
+        # `from numpy import nan`: a module's float constant keeps its identity (`x is nan`);
+        # a float the notebook computed is a new object that no module holds under its name.
+        home = _public_home(name, value)
+        return Import(name, home, name) if home is not None else None
     if not isinstance(value, type | types.FunctionType | types.BuiltinFunctionType):
         return None
     module = getattr(value, "__module__", None)
@@ -119,14 +124,19 @@ def ufunc_home(value: Any) -> str | None:
     scikit-learn and joblib import it) the notebook's namespace is one of them,
     ``__mp_main__``, and they were pickled as attributes of the notebook. The public module
     with the shortest name that holds the very object wins (``scipy.special``, not
-    ``scipy.special._ufuncs``); module ``__dict__``s are read directly, so no lazy module
-    ``__getattr__`` runs (or warns).
+    ``scipy.special._ufuncs``).
     """
     numpy = sys.modules.get("numpy")
     ufunc = getattr(numpy, "ufunc", None)
     if ufunc is None or not isinstance(value, ufunc) or getattr(value, "__module__", None):
         return None
-    name = value.__name__
+    return _public_home(value.__name__, value)
+
+
+def _public_home(name: str, value: Any) -> str | None:
+    """The module that holds ``value`` as ``name`` (None if none does): the public one with the
+    shortest name wins. Module ``__dict__``s are read directly, so no lazy module
+    ``__getattr__`` runs (or warns)."""
     holders = [
         module_name
         for module_name, module in list(sys.modules.items())

@@ -6,13 +6,14 @@ value; a notebook function is pickled without its globals and rebound on restore
 
 from __future__ import annotations
 
+import enum
 import io
 import pickle
 import sys
 import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 
@@ -95,6 +96,7 @@ class _FramePickler(cloudpickle.Pickler):
         self._namespace = namespace
         self.arrays: dict[str, Any] = {}
         self.depends: set[str] = set()
+        self.parts: dict[int, Any] = {}  # see shareable_part
 
     def _variable(self, obj: Any) -> str | None:
         ident = id(obj)
@@ -123,6 +125,8 @@ class _FramePickler(cloudpickle.Pickler):
         home = ufunc_home(obj)  # inside a container: pickle's own search may find __mp_main__
         if home is not None:
             return getattr, (sys.modules[home], obj.__name__)
+        if shareable_part(obj) and id(obj) not in self._own:
+            self.parts[id(obj)] = obj
         return super().reducer_override(obj)
 
     def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
@@ -187,6 +191,15 @@ class _FrameBuffer(io.BytesIO):
         return super().write(data)
 
 
+class Pickled(NamedTuple):
+    """One variable (or a group) pickled."""
+
+    data: bytes
+    arrays: dict[str, Any]  # key -> tensor/array the bytes reference
+    depends: set[str]  # other variables the bytes reference
+    parts: dict[int, Any]  # id -> object pickled by value that another variable may hold
+
+
 def pickle_frame(
     names: list[str],
     values: list[Any],
@@ -195,8 +208,8 @@ def pickle_frame(
     keys: ObjectKeys,
     containers: frozenset[int] = frozenset(),
     namespace: dict[str, Any] | None = None,
-) -> tuple[bytes, dict[str, Any], set[str]]:
-    """Pickle one variable (or a group); returns the bytes, the arrays and variables it references.
+) -> Pickled:
+    """Pickle one variable (or a group), with the arrays and variables it references.
 
     ``others``: id -> name of the other variables' values; ``containers``: which of those ids
     are plain containers (they need the slower ``persistent_id`` path to be caught);
@@ -208,7 +221,29 @@ def pickle_frame(
     pickler_class = _ContainerAwarePickler if containers - own else _FramePickler
     pickler = pickler_class(buffer, own, others, externals, keys, namespace)
     pickler.dump(root)
-    return buffer.getvalue(), pickler.arrays, pickler.depends - set(names)
+    return Pickled(
+        buffer.getvalue(),
+        pickler.arrays,
+        pickler.depends - set(names),
+        pickler.parts,
+    )
+
+
+def shareable_part(obj: Any) -> bool:
+    """Whether ``obj``, pickled by value inside a frame, may be held by another variable too.
+
+    Instances with attributes of their own (a figure's Axes, a model's layers, a notebook
+    class's parts): two frames holding the same one are pickled together, so that it comes
+    back as one object. Values, containers, classes, functions, modules and enum members are
+    left out: they are equal when copied or pickled by reference, and merging every frame
+    that holds, say, the same dtype would make the whole checkpoint one frame.
+    """
+    kind = type(obj)
+    return (
+        kind.__module__ != "builtins"
+        and hasattr(obj, "__dict__")
+        and not isinstance(obj, (type, types.ModuleType, enum.Enum))
+    )
 
 
 def describe_error(err: BaseException) -> str:
@@ -276,6 +311,8 @@ class Snapshotter:
     def __init__(self, keys: ObjectKeys, namespace: dict[str, Any] | None = None) -> None:
         self.keys = keys
         self.namespace = namespace
+        # Variable -> ids of the parts its frame held at the last capture (see shareable_parts).
+        self._parts_of: dict[str, frozenset[int]] = {}
 
     def capture(
         self,
@@ -302,8 +339,37 @@ class Snapshotter:
         containers = frozenset(
             ident for ident, name in others.items() if type(values[name]) in _CONTAINER_TYPES
         )
-        pickled: dict[str, tuple[bytes, dict[str, Any], set[str]]] = {}
+
+        def pickle_group(group: list[str]) -> Pickled:
+            return pickle_frame(
+                group,
+                [values[n] for n in group],
+                others,
+                externals,
+                self.keys,
+                containers,
+                self.namespace,
+            )
+
+        pickled: dict[str, Pickled] = {}
         reused: dict[str, dict[str, Any]] = {}
+        # Every array a frame references, by key, held for the whole capture: ``self.keys``
+        # only holds weak references, and a view made while pickling (a figure's image of a
+        # held array) would otherwise be gone before the final frames are described.
+        held: dict[str, Any] = {}
+
+        def pickle_alone(name: str) -> None:
+            try:
+                frame = pickle_group([name])
+                held.update(frame.arrays)
+                self._describe_all(frame.arrays, result, name)
+                if len(frame.data) <= TRIAL_LOAD_MAX_BYTES:
+                    trial_load(frame.data, values, self.keys)
+            except Exception as err:  # any failure skips this variable, with why
+                result.skipped[name] = describe_error(err)
+                return
+            pickled[name] = frame
+
         # Buffer-rich values first: their buffers start being written while the rest pickles.
         for name in sorted(values, key=lambda n: not _holds_buffers(values[n])):
             value = values[name]
@@ -313,51 +379,64 @@ class Snapshotter:
             record = previous.get(name)
             if record is not None and clean(name) and self._still_valid(record, values):
                 reused[name] = record
-                self._describe_all(record["arrays"], result, name)
                 continue
-            try:
-                frame = pickle_frame(
-                    [name], [value], others, externals, self.keys, containers, self.namespace
-                )
-                self._describe_all(frame[1], result, name)
-                if len(frame[0]) <= TRIAL_LOAD_MAX_BYTES:
-                    trial_load(frame[0], values, self.keys)
-            except Exception as err:  # any failure skips this variable, with why
-                result.skipped[name] = describe_error(err)
-                continue
-            pickled[name] = frame
+            pickle_alone(name)
+        # An unchanged variable holding a part that a changed one holds too is pickled again,
+        # so that the two can be pickled together below.
+        new_parts = {ident for frame in pickled.values() for ident in frame.parts}
+        for name in list(reused):
+            if self._parts_of.get(name, frozenset()) & new_parts:
+                del reused[name]
+                pickle_alone(name)
+        for name, record in reused.items():
+            arrays = {key: self.keys.lookup(key) for key in record["arrays"]}
+            held.update(arrays)
+            self._describe_all(arrays, result, name)
         # Variables that depend on a skipped one cannot be rebuilt faithfully: skip them too.
         self._drop_dependents(pickled, reused, result.skipped)
-        graph = {name: set(p[2]) for name, p in pickled.items()}
+        graph = {name: set(frame.depends) for name, frame in pickled.items()}
         graph.update({name: set(r["depends"]) for name, r in reused.items()})
+        # Two variables holding the same part are one group, like a cycle: pickled together,
+        # the part comes back once (``fig, axes = plt.subplots(1, 2)``: axes[0] is fig.axes[0]).
+        holder: dict[int, str] = {}
+        for name, frame in pickled.items():
+            for ident in frame.parts:
+                first = holder.setdefault(ident, name)
+                if first != name:
+                    graph[name].add(first)
+                    graph[first].add(name)
+        parts_of: dict[str, frozenset[int]] = {
+            name: self._parts_of.get(name, frozenset()) for name in reused
+        }
         for group in strongly_connected(graph):
             if len(group) == 1:
                 name = group[0]
                 if name in reused:
                     result.frames.append(self._reuse(name, reused[name]))
                 else:
-                    data, arrays, depends = pickled[name]
-                    result.frames.append(self._new_frame([name], data, arrays, depends, hash_frame))
+                    frame = pickled[name]
+                    parts_of[name] = frozenset(frame.parts)
+                    result.frames.append(
+                        self._new_frame([name], frame.data, frame.arrays, frame.depends, hash_frame)
+                    )
                 continue
             try:
-                data, arrays, depends = pickle_frame(
-                    group,
-                    [values[n] for n in group],
-                    others,
-                    externals,
-                    self.keys,
-                    containers,
-                    self.namespace,
-                )
+                frame = pickle_group(group)
+                held.update(frame.arrays)
+                self._describe_all(frame.arrays, result)
             except Exception as err:
                 for name in group:
                     result.skipped[name] = describe_error(err)
                 continue
-            result.frames.append(self._new_frame(group, data, arrays, depends, hash_frame))
+            parts_of.update(dict.fromkeys(group, frozenset(frame.parts)))
+            result.frames.append(
+                self._new_frame(group, frame.data, frame.arrays, frame.depends, hash_frame)
+            )
+        self._parts_of = parts_of
         # Keep only what the final frames reference (a dropped dependent's arrays go), and
         # the gradients of those tensors.
         referenced = {key for frame in result.frames for key in frame.arrays}
-        self._describe_all(referenced, result)
+        self._describe_all({key: held[key] for key in referenced}, result)
         referenced |= {
             result.objects[key]["grad"] for key in referenced if "grad" in result.objects[key]
         }
@@ -377,10 +456,9 @@ class Snapshotter:
         containers = frozenset(
             i for i, n in others.items() if type(references[n]) in _CONTAINER_TYPES
         )
-        data, _arrays, _depends = pickle_frame(
+        return pickle_frame(
             [label], [value], others, (), self.keys, containers, self.namespace
-        )
-        return data
+        ).data
 
     def _still_valid(self, record: dict[str, Any], values: dict[str, Any]) -> bool:
         if len(record["names"]) != 1:  # a cycle group is re-pickled whole, never in parts
@@ -409,11 +487,13 @@ class Snapshotter:
     ) -> Frame:
         return Frame(names, data, hash_frame(data), sorted(arrays), sorted(depends), len(data))
 
-    def _describe_all(self, keys: Iterable[str], result: Capture, owner: str | None = None) -> None:
-        for key in keys:
+    def _describe_all(
+        self, objects: dict[str, Any], result: Capture, owner: str | None = None
+    ) -> None:
+        """Describe each not yet described ``key -> tensor/array`` for the checkpoint."""
+        for key, obj in objects.items():
             if key in result.objects:
                 continue
-            obj = self.keys.lookup(key)
             record = result.describer.describe(obj)
             if record is None:  # the pickler only hands out keys of savable buffers
                 raise RuntimeError(f"a {type(obj).__name__} changed while it was being saved")
@@ -425,7 +505,7 @@ class Snapshotter:
                 continue
             if saved_as_buffer(grad):
                 record["grad"] = self.keys.key_for(grad)
-                self._describe_all([record["grad"]], result)
+                self._describe_all({record["grad"]: grad}, result)
             else:
                 result.warnings.append(
                     f"a {grad.layout} gradient of a {list(obj.shape)} tensor was not saved"
@@ -433,14 +513,17 @@ class Snapshotter:
 
     @staticmethod
     def _drop_dependents(
-        pickled: dict[str, tuple[bytes, dict[str, Any], set[str]]],
+        pickled: dict[str, Pickled],
         reused: dict[str, dict[str, Any]],
         skipped: dict[str, str],
     ) -> None:
         changed = True
         while changed:
             changed = False
-            for table, deps_of in ((pickled, lambda p: p[2]), (reused, lambda r: r["depends"])):
+            for table, deps_of in (
+                (pickled, lambda p: p.depends),
+                (reused, lambda r: r["depends"]),
+            ):
                 for name in list(table):
                     bad = [d for d in deps_of(table[name]) if d in skipped]
                     if bad:
