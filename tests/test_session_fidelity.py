@@ -2,7 +2,9 @@
 
 A notebook's folder moved or copied, settings whose value is ``None``, ufuncs that have no
 ``__module__`` once ``multiprocessing`` is imported, structured arrays with sub-array fields,
-ndarray subclass views, and tensors that come back detached from their autograd graph.
+ndarray subclass views, tensors that come back detached from their autograd graph; then what
+the widened fidelity corpus found: a figure showing a view of a held array, objects held by two
+variables (the Axes array of ``plt.subplots(1, 2)``), float constants imported from a module.
 """
 
 from __future__ import annotations
