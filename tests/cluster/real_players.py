@@ -19,7 +19,9 @@ so a test runs the whole chain::
   scheduler bound to a node this cluster registered: the pod's volumes (a PVC's hostPath
   volume, ConfigMaps, emptyDirs), env (values, the downward API, ConfigMap/Secret keys, the
   kubernetes Service's) and service-account token (TokenRequest, bound to the pod, as a kubelet
-  projects it); a real ``jupyter server`` for the Notebooks image, ``sleep`` for any other; the
+  projects it); a real ``jupyter server`` for the Notebooks image, the container's command for
+  the kernel image of kernel pods (gateway's ``launch_ipykernel.py``: a real ipykernel), ``sleep``
+  for any other; the
   pod's status, its conditions (Ready only when every readiness gate is True) and container
   statuses as a kubelet writes them; a crashed container restarted after a back-off
   (CrashLoopBackOff); graceful deletion (SIGTERM, the grace period, SIGKILL, the final delete

@@ -343,3 +343,37 @@ def test_a_resume_without_a_free_gpu_waits_with_the_schedulers_reason_past_the_l
             await manager.shutdown_kernel(now=True)
 
     asyncio.run(scenario())
+
+
+def test_the_shipped_rbac_lets_the_servers_account_manage_pods_in_its_namespace_only(
+    kernel_pods: KernelPods,
+) -> None:
+    from kubernetes import client
+
+    # Given the server's ServiceAccount with deploy/kernel-pods/rbac.yaml (the fixture's), as
+    # the provisioner calls the API (the Kubernetes client's default configuration)
+    namespace = kernel_pods.namespace
+    verbs = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+    resources = ("pods", "pods/exec", "pods/log", "pods/status", "secrets", "configmaps",
+                 "services", "serviceaccounts", "events")  # fmt: skip
+
+    # When the API server is asked about every verb on each resource, here and in "default"
+    allowed = set()
+    with client.ApiClient() as api:
+        authorization = client.AuthorizationV1Api(api)
+        for where in (namespace, "default"):
+            for resource in resources:
+                kind, _, sub = resource.partition("/")
+                for verb in verbs:
+                    attributes = {"namespace": where, "verb": verb, "resource": kind}
+                    if sub:
+                        attributes["subresource"] = sub
+                    review = authorization.create_self_subject_access_review(
+                        {"spec": {"resourceAttributes": attributes}}
+                    )
+                    if review.status.allowed:
+                        allowed.add((where, resource, verb))
+
+    # Then it may create, delete, get, list and watch pods in its own namespace, nothing else
+    wanted = {(namespace, "pods", v) for v in ("create", "delete", "get", "list", "watch")}
+    assert allowed == wanted, allowed ^ wanted
