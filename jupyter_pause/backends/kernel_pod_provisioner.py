@@ -25,6 +25,7 @@ that says how to install it (jupyter_client loads a provisioner only when a kern
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import tempfile
 from typing import IO, Any
@@ -110,6 +111,7 @@ class KernelPodProvisioner(KubernetesProvisioner):
                 await asyncio.to_thread(launcher.wait, 30)
             return info
         except BaseException:
+            await self._reap_launcher()
             if self.resuming:  # the checkpoint is intact: back to paused, with no pod
                 await asyncio.to_thread(self._delete_quietly, self.kernel_pod_name)
                 self.paused = True
@@ -121,6 +123,16 @@ class KernelPodProvisioner(KubernetesProvisioner):
             if self._launcher_stderr is not None:
                 self._launcher_stderr.close()
                 self._launcher_stderr = None
+
+    async def _reap_launcher(self) -> None:
+        """A launch that failed or was cancelled: its launcher ends (and is waited for)."""
+        launcher = self.local_proc
+        if launcher is None:
+            return
+        if launcher.poll() is None:
+            launcher.kill()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(launcher.wait, 30)
 
     def get_container_status(self, iteration: str | None) -> str:
         """Upstream's answer (the kernel pod's phase, its IP once running), read with clear
