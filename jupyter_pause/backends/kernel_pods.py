@@ -131,10 +131,19 @@ class KernelPodBackend(Backend):
             # does) jupyter-server 2.x cancels its own wait without resolving it. The
             # orchestrator's first request to the kernel waits for it instead.
             await self.kernel_manager.restart_kernel(kernel_id, now=True)
+            self._tell_connections(kernel_id)
         except KernelPodError as err:
             raise StillPaused(str(err)) from None
         except Exception as err:  # the launcher's or the kernel's failure, as jupyter says it
             raise StillPaused(f"the kernel pod could not be started again: {err}") from None
+
+    def _tell_connections(self, kernel_id: str) -> None:
+        """The open notebooks' websockets hear "restarting", as after jupyter's own automatic
+        restart: JupyterLab then opens a new one, whose streams go to the new pod's address
+        (jupyter-server connects a websocket's streams once, when it opens)."""
+        restarter = getattr(self.kernel_manager.get_kernel(kernel_id), "_restarter", None)
+        if restarter is not None:
+            restarter._fire_callbacks("restart")
 
     async def restore(self, session: SessionSpec, allocation: Allocation) -> RestoreOutcome:
         if self.provisioner(session.kernel_id) is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,9 +62,14 @@ async def open_gpu_notebook(server: Server) -> str:
     return json.loads(response.body)["kernel"]["id"]
 
 
-async def a_paused_gpu_notebook(server: Server, kernel_pods: KernelPods) -> tuple[str, dict]:
-    """A notebook whose kernel pod held ``weights`` and ``step``, paused through the API."""
+async def a_paused_gpu_notebook(
+    server: Server, kernel_pods: KernelPods, before_pause: Any = None
+) -> tuple[str, dict]:
+    """A notebook whose kernel pod held ``weights`` and ``step``, paused through the API
+    (``before_pause(kernel_id)`` awaited first)."""
     kernel_id = await open_gpu_notebook(server)
+    if before_pause is not None:
+        await before_pause(kernel_id)
     (pod,) = kernel_pods.kernel_pods()
     assert pod["metadata"]["labels"]["kernel_id"] == kernel_id
     await server.run(kernel_id, "weights = [1.5, 2.5]\nstep = 41")
@@ -78,6 +84,58 @@ async def a_paused_gpu_notebook(server: Server, kernel_pods: KernelPods) -> tupl
 async def kernel_ids(server: Server) -> list[str]:
     response = await server.fetch("api", "kernels")
     return [k["id"] for k in json.loads(response.body)]
+
+
+async def statuses_until(ws: Any, wanted: str, timeout: float = 30) -> list[str]:
+    """The kernel statuses a websocket receives, until ``wanted`` (fails after ``timeout``)."""
+    seen: list[str] = []
+    while wanted not in seen:
+        text = await asyncio.wait_for(ws.read_message(), timeout)
+        assert text is not None, f"the websocket closed; statuses seen: {seen}"
+        msg = json.loads(text)
+        if msg["msg_type"] == "status":
+            seen.append(msg["content"]["execution_state"])
+    return seen
+
+
+async def execute_over(ws: Any, code: str, timeout: float = 60) -> str:
+    """Run ``code`` through a notebook's websocket, as JupyterLab does; its stdout."""
+    msg_id = uuid.uuid4().hex
+    ws.write_message(
+        json.dumps(
+            {
+                "header": {
+                    "msg_id": msg_id,
+                    "msg_type": "execute_request",
+                    "username": "tab",
+                    "session": "tab",
+                    "version": "5.3",
+                    "date": "",
+                },
+                "parent_header": {},
+                "metadata": {},
+                "content": {"code": code, "silent": False},
+                "channel": "shell",
+                "buffers": [],
+            }
+        )
+    )
+    out: list[str] = []
+    replied = idle = False
+    while not (replied and idle):  # the reply (shell) and the output (iopub) in any order
+        text = await asyncio.wait_for(ws.read_message(), timeout)
+        assert text is not None, "the websocket closed"
+        msg = json.loads(text)
+        if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "execute_reply":
+            assert msg["content"]["status"] == "ok", msg["content"]
+            replied = True
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            idle = True
+    return "".join(out)
 
 
 async def other_team_holds_the_gpu(kernel_pods: KernelPods) -> tuple[str, str]:
@@ -95,13 +153,21 @@ async def other_team_holds_the_gpu(kernel_pods: KernelPods) -> tuple[str, str]:
 
 
 async def test_a_pause_frees_the_gpu_and_a_resume_brings_the_same_kernel_back_from_files(
-    pod_server: Server, kernel_pods: KernelPods
+    pod_server: Server, kernel_pods: KernelPods, jp_ws_fetch: Any
 ) -> None:
     server = pod_server
     cluster = kernel_pods.cluster
 
-    # Given a notebook whose GPU kernel pod holds variables, paused through the REST API
-    kernel_id, pod = await a_paused_gpu_notebook(server, kernel_pods)
+    # Given a notebook whose GPU kernel pod holds variables, open in a tab (its websocket),
+    # paused through the REST API
+    tabs: list[Any] = []
+
+    async def open_tab(kernel_id: str) -> None:
+        params = {"session_id": "tab"}
+        tabs.append(await jp_ws_fetch("api", "kernels", kernel_id, "channels", params=params))
+
+    kernel_id, pod = await a_paused_gpu_notebook(server, kernel_pods, open_tab)
+    (tab,) = tabs
 
     # Then its pod is gone, while the server runs on and still lists the kernel and its session
     assert kernel_pods.kernel_pods() == []
@@ -151,6 +217,13 @@ async def test_a_pause_frees_the_gpu_and_a_resume_brings_the_same_kernel_back_fr
     total, step, pid = out.split()
     played = cluster.pods[again["metadata"]["uid"]].container
     assert (total, step, int(pid)) == ("4.0", "41", played.process.pid)
+    # and the open tab heard "restarting" (JupyterLab then opens a new websocket), and its new
+    # websocket reaches the new pod
+    assert "restarting" in await statuses_until(tab, "restarting")
+    tab.close()
+    tab = await jp_ws_fetch("api", "kernels", kernel_id, "channels", params={"session_id": "tab"})
+    assert await execute_over(tab, "print(step + 1)") == "42\n"
+    tab.close()
 
 
 async def test_a_resume_waits_for_a_gpu_with_the_schedulers_reason_and_is_joined_or_cancelled(
