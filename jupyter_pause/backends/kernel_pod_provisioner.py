@@ -279,6 +279,10 @@ class KernelPodProvisioner(KubernetesProvisioner):
                 err.status,
                 api_detail(err.body, err.reason),
             ) from None
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise api_error(
+                f"read kernel pod {name}", self.kernel_namespace, None, str(err)
+            ) from None
 
     async def _wait_gone(self, name: str) -> None:
         loop = asyncio.get_running_loop()

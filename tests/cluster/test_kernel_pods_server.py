@@ -317,3 +317,37 @@ async def test_a_resume_the_cluster_refuses_says_why_and_leaves_the_session_paus
     assert record["kernel_id"] == kernel_id and kernel_pods.kernel_pods() == []
     _, listing = await server.call("GET", "checkpoints", NOTEBOOK)
     assert [c["id"] for c in listing["checkpoints"]] == [record["checkpoint"]["id"]]
+
+
+async def test_a_pause_while_the_api_server_is_unreachable_says_so_and_the_kernel_runs_on(
+    pod_server: Server, kernel_pods: KernelPods
+) -> None:
+    from kubernetes import client
+
+    server = pod_server
+    # Given a GPU notebook holding variables
+    kernel_id = await open_gpu_notebook(server)
+    await server.run(kernel_id, "weights = [1.5, 2.5]\nstep = 41")
+    await server.watched(NOTEBOOK)
+    # and the server's way to the API server broken (nothing listens where it points now)
+    working = client.Configuration.get_default_copy()
+    broken = client.Configuration.get_default_copy()
+    broken.host = "https://127.0.0.1:9"
+    client.Configuration.set_default(broken)
+    try:
+        # When it is paused
+        code, _ = await server.call("POST", "pause", NOTEBOOK)
+        assert code == 202
+        record = await server.wait_state(NOTEBOOK, "active", "paused")
+    finally:
+        client.Configuration.set_default(working)
+
+    # Then the pause failed saying why, in words, and the session runs on, its checkpoint taken
+    assert record["state"] == "active", record
+    assert "the API server did not answer" in record["error"]["what"], record
+    assert "Nothing was lost" in record["error"]["recovery"], record
+    assert "Traceback" not in json.dumps(record)
+    assert record["kernel_id"] == kernel_id and record["checkpoint"]["id"] == 1
+    (pod,) = kernel_pods.kernel_pods()
+    assert pod["metadata"]["labels"]["kernel_id"] == kernel_id
+    assert await server.run(kernel_id, "print(sum(weights) + step)") == "45.0\n"
