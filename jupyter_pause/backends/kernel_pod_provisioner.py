@@ -58,6 +58,25 @@ except Exception as no_config:  # k8s.py loads the cluster's config when importe
     ) from no_config
 
 
+#: The name kernelspecs give this provisioner (``metadata.kernel_provisioner``).
+PROVISIONER_NAME = "jupyter-pause-kernel-pod"
+
+
+def pending_reason(namespace: str, kernel_id: str) -> str | None:
+    """The scheduler's reason while the pod of kernel ``kernel_id`` waits for a node; None when
+    it does not wait, or cannot be read (the launch itself then says what went wrong)."""
+    selector = f"kernel_id={kernel_id},component=kernel"
+    try:
+        pods = client.CoreV1Api().list_namespaced_pod(namespace, label_selector=selector).items
+    except (ApiException, urllib3.exceptions.HTTPError, OSError):
+        return None
+    for pod in pods:
+        reason = unschedulable_reason(client.ApiClient().sanitize_for_serialization(pod))
+        if reason:
+            return reason
+    return None
+
+
 class KernelPodProvisioner(KubernetesProvisioner):
     """A kernel in a pod of its own, which a pause deletes and a resume creates again."""
 
@@ -112,8 +131,9 @@ class KernelPodProvisioner(KubernetesProvisioner):
             return info
         except BaseException:
             await self._reap_launcher()
+            # A failed or cancelled launch leaves no pod behind (waiting for a GPU, say).
+            await asyncio.to_thread(self._delete_quietly, self.kernel_pod_name)
             if self.resuming:  # the checkpoint is intact: back to paused, with no pod
-                await asyncio.to_thread(self._delete_quietly, self.kernel_pod_name)
                 self.paused = True
                 self.container_name = self.kernel_pod_name
             raise

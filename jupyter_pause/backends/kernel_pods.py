@@ -20,7 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
+import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .base import (
@@ -35,7 +38,7 @@ from .base import (
     StopOutcome,
 )
 from .kernel_pod import KernelPodError
-from .kernel_pod_provisioner import KernelPodProvisioner
+from .kernel_pod_provisioner import PROVISIONER_NAME, KernelPodProvisioner, pending_reason
 from .kernels import running_kernel, start_kernel
 
 log = logging.getLogger(__name__)
@@ -88,7 +91,7 @@ class KernelPodBackend(Backend):
         kernel_id = session.kernel_id
         provisioner = self.provisioner(kernel_id)
         if kernel_id is None or provisioner is None:
-            return Allocation(granted_at=time.time())
+            return await self._new_kernel_pod(session, on_queued)
         launch = self._resumes.get(kernel_id)
         if launch is None:
             if not provisioner.paused:
@@ -96,14 +99,53 @@ class KernelPodBackend(Backend):
             launch = asyncio.create_task(self._launch(kernel_id))
             self._resumes[kernel_id] = launch
             launch.add_done_callback(lambda _: self._resumes.pop(kernel_id, None))
+
+        async def reason() -> str | None:
+            return provisioner.waiting_reason
+
+        await self._follow(kernel_id, session.path, launch, reason, on_queued)
+        return Allocation(
+            granted_at=time.time(), details={"kernel_pod": provisioner.container_name}
+        )
+
+    async def _new_kernel_pod(self, session: SessionSpec, on_queued: QueueCallback) -> Allocation:
+        """A paused notebook whose kernel the server no longer has (the server restarted, the
+        kernel was shut down or culled): for a kernel-pods kernelspec a new kernel, whose pod
+        is waited for the same way (its reason read from the API server, in the namespace of
+        ``KERNEL_NAMESPACE``); a restore then fills it from files."""
+        running = await running_kernel(self.kernel_manager, self.session_manager, session.path)
+        if running is not None or not self._kernel_pod_spec(session.kernel_name):
+            return Allocation(granted_at=time.time())
+        kernel_id = str(uuid.uuid4())
+        namespace = os.environ.get("KERNEL_NAMESPACE")
+        launch = asyncio.create_task(self._start(session, kernel_id))
+
+        async def reason() -> str | None:
+            if not namespace:
+                return None
+            return await asyncio.to_thread(pending_reason, namespace, kernel_id)
+
+        await self._follow(kernel_id, session.path, launch, reason, on_queued)
+        return Allocation(granted_at=time.time(), details={"kernel_id": kernel_id})
+
+    async def _follow(
+        self,
+        kernel_id: str,
+        path: str,
+        launch: asyncio.Task[None],
+        reason: Callable[[], Awaitable[str | None]],
+        on_queued: QueueCallback,
+    ) -> None:
+        """Wait for ``launch``, telling ``on_queued`` the scheduler's reason and the place among
+        this server's resumes waiting; a cancelled wait cancels the launch (its pod deleted)."""
         told = None
         try:
             while not launch.done():
-                reason = provisioner.waiting_reason
-                if reason:
-                    self._waiting.setdefault(kernel_id, session.path)
+                why = await reason()
+                if why:
+                    self._waiting.setdefault(kernel_id, path)
                     place = list(self._waiting).index(kernel_id) + 1
-                    text = _waiting_text(reason, place, len(self._waiting))
+                    text = _waiting_text(why, place, len(self._waiting))
                     if text != told:
                         on_queued(place, text)
                         told = text
@@ -119,9 +161,23 @@ class KernelPodBackend(Backend):
         finally:
             self._waiting.pop(kernel_id, None)
         launch.result()  # StillPaused, with why
-        return Allocation(
-            granted_at=time.time(), details={"kernel_pod": provisioner.container_name}
-        )
+
+    def _kernel_pod_spec(self, kernel_name: str) -> bool:
+        """Whether the kernelspec's kernels are kernel pods (its provisioner is ours)."""
+        try:
+            spec = self.kernel_manager.kernel_spec_manager.get_kernel_spec(kernel_name)
+        except Exception:  # no such kernelspec (any more): start_kernel will say so
+            return False
+        provisioner = (spec.metadata or {}).get("kernel_provisioner") or {}
+        return provisioner.get("provisioner_name") == PROVISIONER_NAME
+
+    async def _start(self, session: SessionSpec, kernel_id: str) -> None:
+        try:
+            await start_kernel(
+                self.kernel_manager, self.session_manager, session, {}, kernel_id=kernel_id
+            )
+        except BackendError as err:
+            raise StillPaused(str(err)) from None
 
     async def _launch(self, kernel_id: str) -> None:
         """jupyter-server's restart of the paused kernel: a new pod under its id."""
@@ -146,6 +202,9 @@ class KernelPodBackend(Backend):
             restarter._fire_callbacks("restart")
 
     async def restore(self, session: SessionSpec, allocation: Allocation) -> RestoreOutcome:
+        started = allocation.details.get("kernel_id")
+        if started is not None:  # a new kernel pod (the paused kernel was gone)
+            return RestoreOutcome(started, live=False, details={"kernel_pod": "new"})
         if self.provisioner(session.kernel_id) is not None:
             assert session.kernel_id is not None
             return RestoreOutcome(session.kernel_id, live=False, details=dict(allocation.details))

@@ -351,3 +351,36 @@ async def test_a_pause_while_the_api_server_is_unreachable_says_so_and_the_kerne
     (pod,) = kernel_pods.kernel_pods()
     assert pod["metadata"]["labels"]["kernel_id"] == kernel_id
     assert await server.run(kernel_id, "print(sum(weights) + step)") == "45.0\n"
+
+
+async def test_a_paused_notebook_whose_kernel_was_shut_down_resumes_in_a_new_kernel_pod(
+    pod_server: Server, kernel_pods: KernelPods
+) -> None:
+    server = pod_server
+    cluster = kernel_pods.cluster
+    # Given a paused GPU notebook whose kernel was then shut down (culled, or the server
+    # restarted: jupyter-server no longer has it)
+    kernel_id, _ = await a_paused_gpu_notebook(server, kernel_pods)
+    await server.fetch("api", "kernels", kernel_id, method="DELETE")
+    record = await server.wait_for(NOTEBOOK, lambda r: r["kernel_id"] is None)
+    assert record["state"] == "paused", record
+    # and another team's pod holding the only GPU
+    await other_team_holds_the_gpu(kernel_pods)
+
+    # When it is resumed
+    code, _ = await server.call("POST", "resume", NOTEBOOK)
+    assert code == 202
+
+    # Then a new kernel pod waits, saying the scheduler's reason
+    waiting = await server.wait_state(NOTEBOOK, "waiting-for-resources", timeout=60)
+    assert "Insufficient nvidia.com/gpu" in waiting["message"], waiting
+    (pending,) = kernel_pods.kernel_pods()
+    assert pending["metadata"]["labels"]["kernel_id"] != kernel_id
+
+    # When the GPU frees, then the new kernel is the notebook's, restored from files
+    cluster.release_gpus()
+    ready = await server.wait_state(NOTEBOOK, "ready", "partial", "failed", "paused")
+    assert ready["state"] == "ready" and ready["how"] == "files", ready
+    assert ready["kernel_id"] == pending["metadata"]["labels"]["kernel_id"]
+    assert await kernel_ids(server) == [ready["kernel_id"]]
+    assert await server.run(ready["kernel_id"], "print(sum(weights) + step)") == "45.0\n"
