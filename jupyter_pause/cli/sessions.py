@@ -1,5 +1,4 @@
-"""``status``, ``pause``, ``resume``, ``cancel`` and ``accept``: a session's state, and following
-it."""
+"""``status``, ``pause``, ``resume`` and ``accept``: a session's state, and following it."""
 
 from __future__ import annotations
 
@@ -134,15 +133,6 @@ def resume_summary(path: str, record: dict[str, Any], seconds: float) -> str:
         reasons = format_reasons(failed)
         detail += f"; {len(failed)} not restored: {reasons}"
     return f"Resumed {path}: restored from files ({detail}) in {took}"
-
-
-def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
-    record = client.post("cancel", quote_path(args.path))
-    if args.json:
-        print_json(record)
-    else:
-        print(f"{args.path}: {record['message']}")
-    return EXIT_OK
 
 
 def cmd_accept(client: Client, args: argparse.Namespace) -> int:

@@ -171,8 +171,7 @@ class Pauses:
                 record,
                 "paused",
                 message,
-                # A kernel pod keeps its kernel (and the notebook its session) while paused.
-                kernel_id=record.kernel_id if outcome.kernel_kept else None,
+                kernel_id=None,
                 gpus=[],
                 progress=None,
                 # Without an answer from this pause (a busy kernel that did not say who it
