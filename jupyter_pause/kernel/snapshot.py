@@ -311,7 +311,7 @@ class Snapshotter:
     def __init__(self, keys: ObjectKeys, namespace: dict[str, Any] | None = None) -> None:
         self.keys = keys
         self.namespace = namespace
-        # Variable -> ids of the parts its frame held at the last capture (see shareable_parts).
+        # Variable -> ids of the parts its frame held at the last capture (see shareable_part).
         self._parts_of: dict[str, frozenset[int]] = {}
 
     def capture(
