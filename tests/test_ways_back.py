@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import posixpath
+import uuid
 from typing import Any
 
 import pytest
@@ -112,6 +114,59 @@ async def test_reopened_then_resumed_restores_from_files_into_the_new_kernel(
     (event,) = await restored_events(server)
     assert event["how"] == "files" and "token_matched" not in event
     assert server.app.kernel_manager.list_kernel_ids() == [fresh]
+
+
+async def open_like_jupyterlab(server: Server, path: str = NOTEBOOK) -> str:
+    """Open a notebook the way JupyterLab 4's SessionContext does (apputils, ``_startSession``):
+    the session starts under a placeholder path, ``<folder>/<uuid>``, and is moved to the
+    notebook's path once its kernel runs. An open tab's chip asks in between, so the server
+    sees the kernel under the placeholder first. Returns the kernel's id."""
+    placeholder = posixpath.join(posixpath.dirname(path), str(uuid.uuid4()))
+    body = {"path": placeholder, "name": "", "type": "notebook", "kernel": {"name": "python3"}}
+    response = await server.fetch("api", "sessions", method="POST", body=json.dumps(body))
+    session = json.loads(response.body)
+    seen = await server.wait_for(placeholder, lambda r: r["kernel_id"] == session["kernel"]["id"])
+    assert seen["state"] == "active", seen
+    await server.fetch(
+        "api", "sessions", session["id"], method="PATCH", body=json.dumps({"path": path})
+    )
+    return session["kernel"]["id"]
+
+
+async def test_reopened_through_a_placeholder_path_as_jupyterlab_does_stays_paused(
+    server: Server,
+) -> None:
+    # Given a paused notebook
+    paused = await a_paused_notebook(server)
+
+    # When JupyterLab opens it again: a session under a placeholder path first, then moved
+    fresh = await open_like_jupyterlab(server)
+
+    # Then the notebook's own record takes the new kernel: still paused, offering its
+    # checkpoint (never "Active", which once dropped the pause), and the placeholder is gone
+    record = await server.wait_for(NOTEBOOK, lambda r: r["kernel_id"] == fresh)
+    assert record["state"] == "paused" and record["unrestored_kernel"], record
+    assert record["checkpoint"]["id"] == paused["checkpoint"]["id"]
+    assert "Resume restores note, weights (2 variables" in record["message"]
+    listed = [r["path"] for r in (await server.call("GET", "sessions"))[1]["sessions"]]
+    assert listed == [NOTEBOOK], listed
+    # and Resume restores the checkpoint into that kernel
+    ready = await resume_and_wait(server)
+    assert ready["how"] == "files" and ready["kernel_id"] == fresh, ready
+    await assert_data_back(server, fresh)
+
+
+async def test_a_new_notebook_opened_through_a_placeholder_path_is_active_under_its_name(
+    server: Server,
+) -> None:
+    # Given a notebook never paused, opened as JupyterLab does
+    fresh = await open_like_jupyterlab(server)
+
+    # Then its session is followed under the notebook's own path, its kernel watched
+    record = await server.wait_for(NOTEBOOK, lambda r: r["watching"])
+    assert record["state"] == "active" and record["kernel_id"] == fresh, record
+    listed = [r["path"] for r in (await server.call("GET", "sessions"))[1]["sessions"]]
+    assert listed == [NOTEBOOK], listed
 
 
 async def test_a_new_tab_after_the_browser_closed_resumes_before_or_after_its_kernel(

@@ -72,7 +72,12 @@ class Kernels:
         for kernel_id, paths in paths_of.items():
             owner = by_kernel.get(kernel_id)
             if owner is not None and owner.path not in paths and paths[0] not in tasks:
-                self._rename(owner, paths[0])
+                settled = records.get(paths[0])
+                if settled is not None and settled is not owner:
+                    self._hand_over(owner, settled)
+                    owner = None
+                else:
+                    self._rename(owner, paths[0])
             primary = owner.path if owner is not None and owner.path in paths else paths[0]
             record = records.get(primary)
             if record is None:
@@ -112,6 +117,23 @@ class Kernels:
         self.sessions.records[path] = record
         self.backend.rename(old, path)
         self.sessions.save(record)
+
+    def _hand_over(self, placeholder: SessionRecord, record: SessionRecord) -> None:
+        """A kernel seen under one path moved to a notebook that has a record of its own.
+
+        JupyterLab 4 starts a notebook's session under a placeholder path (``<folder>/<uuid>``,
+        apputils' SessionContext) and moves it to the notebook once the kernel runs. A sync
+        that ran in between made a record for the placeholder; renaming that record onto the
+        notebook would replace the notebook's own (a paused one would show "Active" and forget
+        its pause). The notebook's record is the one that stays: it takes the kernel (and what
+        the placeholder was granted), and the placeholder's record goes.
+        """
+        self.stop_watching(placeholder)
+        self.sessions.records.pop(placeholder.path, None)
+        if placeholder.gpus and not record.gpus:
+            self.backend.rename(placeholder.path, record.path)
+        elif placeholder.gpus:  # the notebook already holds its own: give these back
+            self.spawn(self.backend.release(spec(placeholder)))
 
     async def ended(self, record: SessionRecord) -> None:
         """A kernel ended without a pause: release what it held, keep what it saved."""
