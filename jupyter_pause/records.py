@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -235,8 +236,46 @@ class RecordWriter:
         except (OSError, store_mod.StoreError) as err:  # the state lives on in memory
             log.warning("jupyter_pause: cannot record the state of %s: %s", path, err)
 
+    def discard(self, key: str) -> None:
+        """The record of notebook ``key`` is no longer kept (a placeholder handed over, a
+        notebook renamed): its ``session.json`` goes once any write of it is done, and its
+        folder with it while that holds no checkpoint (else the usage report would list a
+        notebook that is not there)."""
+        self._pending.pop(key, None)
+        running = self._writers.get(key)
+
+        async def remove() -> None:
+            if running is not None:
+                with contextlib.suppress(Exception):
+                    await running
+            await asyncio.to_thread(_remove_record_file, self.store_root, key)
+
+        self._writers[key] = task = asyncio.create_task(remove())
+        task.add_done_callback(lambda _: self._writers.pop(key, None))
+
     async def flush(self) -> None:
         """Wait until every state saved so far is on disk."""
         while self._writers:
             with contextlib.suppress(Exception):
                 await asyncio.gather(*self._writers.values())
+
+
+def _remove_record_file(store_root: Path, key: str) -> None:
+    """``session.json`` of ``key``, and its folder when that holds nothing else (only the
+    empty folders and ``notebook.json`` that ``NotebookStore.prepare`` made)."""
+    store = store_mod.NotebookStore(store_root, key)
+    with contextlib.suppress(FileNotFoundError):
+        (store.path / SESSION_FILE).unlink()
+    subfolders = ("manifests", "blobs", "packs", "tmp")
+    try:
+        if set(os.listdir(store.path)) - {*subfolders, "notebook.json"}:
+            return
+        if any(os.listdir(store.path / sub) for sub in subfolders if (store.path / sub).is_dir()):
+            return
+        for sub in subfolders:
+            with contextlib.suppress(FileNotFoundError):
+                (store.path / sub).rmdir()
+        (store.path / "notebook.json").unlink(missing_ok=True)
+        store.path.rmdir()
+    except OSError as err:  # it stays: a leftover folder is harmless, a crash is not
+        log.info("jupyter_pause: %s stays: %s", store.path, err)

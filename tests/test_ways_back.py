@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from jupyter_pause.usage.sources import read_store
+
 from .servers import Server, pause_and_wait, pause_server_config
 
 NOTEBOOK = "work.ipynb"
@@ -116,6 +118,11 @@ async def test_reopened_then_resumed_restores_from_files_into_the_new_kernel(
     assert server.app.kernel_manager.list_kernel_ids() == [fresh]
 
 
+def stored_notebooks(server: Server) -> list[str]:
+    """The notebooks the store keeps a session.json for (what the usage report lists)."""
+    return [entry["path"] for entry in read_store(server.orchestrator.sessions.store_root)]
+
+
 async def open_like_jupyterlab(server: Server, path: str = NOTEBOOK) -> str:
     """Open a notebook the way JupyterLab 4's SessionContext does (apputils, ``_startSession``):
     the session starts under a placeholder path, ``<folder>/<uuid>``, and is moved to the
@@ -150,6 +157,8 @@ async def test_reopened_through_a_placeholder_path_as_jupyterlab_does_stays_paus
     assert "Resume restores note, weights (2 variables" in record["message"]
     listed = [r["path"] for r in (await server.call("GET", "sessions"))[1]["sessions"]]
     assert listed == [NOTEBOOK], listed
+    await server.orchestrator.sessions.writer.flush()
+    assert stored_notebooks(server) == [NOTEBOOK]  # the usage report lists no phantom either
     # and Resume restores the checkpoint into that kernel
     ready = await resume_and_wait(server)
     assert ready["how"] == "files" and ready["kernel_id"] == fresh, ready
@@ -167,6 +176,8 @@ async def test_a_new_notebook_opened_through_a_placeholder_path_is_active_under_
     assert record["state"] == "active" and record["kernel_id"] == fresh, record
     listed = [r["path"] for r in (await server.call("GET", "sessions"))[1]["sessions"]]
     assert listed == [NOTEBOOK], listed
+    await server.orchestrator.sessions.writer.flush()
+    assert stored_notebooks(server) == [NOTEBOOK]
 
 
 async def test_a_new_tab_after_the_browser_closed_resumes_before_or_after_its_kernel(

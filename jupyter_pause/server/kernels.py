@@ -111,11 +111,12 @@ class Kernels:
 
     def _rename(self, record: SessionRecord, path: str) -> None:
         """The notebook was renamed while its kernel ran: the session (and its GPU) moves."""
-        old = record.path
+        old, old_key = record.path, record.key
         self.sessions.records.pop(old, None)
         record.path, record.key = path, self.sessions.notebook_key(path)
         self.sessions.records[path] = record
         self.backend.rename(old, path)
+        self.sessions.writer.discard(old_key)  # its checkpoints, if any, stay where they are
         self.sessions.save(record)
 
     def _hand_over(self, placeholder: SessionRecord, record: SessionRecord) -> None:
@@ -130,6 +131,7 @@ class Kernels:
         """
         self.stop_watching(placeholder)
         self.sessions.records.pop(placeholder.path, None)
+        self.sessions.writer.discard(placeholder.key)
         if placeholder.gpus and not record.gpus:
             self.backend.rename(placeholder.path, record.path)
         elif placeholder.gpus:  # the notebook already holds its own: give these back
