@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -226,7 +225,13 @@ class RecordWriter:
                 data = json.dumps(record.persisted()).encode()
                 await asyncio.to_thread(self._write_file, key, data, record.path)
         finally:
-            self._writers.pop(key, None)
+            self._forget_writer(key)
+
+    def _forget_writer(self, key: str) -> None:
+        """The task that ends leaves ``_writers``, only if it is still the one listed: a
+        ``discard`` queued after it must stay there until done (``flush`` waits for it)."""
+        if self._writers.get(key) is asyncio.current_task():
+            self._writers.pop(key)
 
     def _write_file(self, key: str, data: bytes, path: str) -> None:
         store = store_mod.NotebookStore(self.store_root, key)
@@ -245,13 +250,15 @@ class RecordWriter:
         running = self._writers.get(key)
 
         async def remove() -> None:
-            if running is not None:
-                with contextlib.suppress(Exception):
-                    await running
-            await asyncio.to_thread(_remove_record_file, self.store_root, key)
+            try:
+                if running is not None:
+                    with contextlib.suppress(Exception):
+                        await running
+                await asyncio.to_thread(_remove_record_file, self.store_root, key)
+            finally:
+                self._forget_writer(key)
 
-        self._writers[key] = task = asyncio.create_task(remove())
-        task.add_done_callback(lambda _: self._writers.pop(key, None))
+        self._writers[key] = asyncio.create_task(remove())
 
     async def flush(self) -> None:
         """Wait until every state saved so far is on disk."""
@@ -261,21 +268,10 @@ class RecordWriter:
 
 
 def _remove_record_file(store_root: Path, key: str) -> None:
-    """``session.json`` of ``key``, and its folder when that holds nothing else (only the
-    empty folders and ``notebook.json`` that ``NotebookStore.prepare`` made)."""
+    """``session.json`` of ``key``, and its folder when that holds nothing else."""
     store = store_mod.NotebookStore(store_root, key)
-    with contextlib.suppress(FileNotFoundError):
-        (store.path / SESSION_FILE).unlink()
-    subfolders = ("manifests", "blobs", "packs", "tmp")
     try:
-        if set(os.listdir(store.path)) - {*subfolders, "notebook.json"}:
-            return
-        if any(os.listdir(store.path / sub) for sub in subfolders if (store.path / sub).is_dir()):
-            return
-        for sub in subfolders:
-            with contextlib.suppress(FileNotFoundError):
-                (store.path / sub).rmdir()
-        (store.path / "notebook.json").unlink(missing_ok=True)
-        store.path.rmdir()
+        (store.path / SESSION_FILE).unlink(missing_ok=True)
+        store.remove_if_unused()
     except OSError as err:  # it stays: a leftover folder is harmless, a crash is not
         log.info("jupyter_pause: %s stays: %s", store.path, err)

@@ -48,6 +48,24 @@ def test_folder_names_are_readable_and_distinct() -> None:
     assert a.startswith("train_model.ipynb-") and b.startswith("train_model.ipynb-") and a != b
 
 
+def test_an_unused_folder_is_removed_and_one_with_a_checkpoint_stays(tmp_path: Path) -> None:
+    # Given a folder only prepared, and another holding a checkpoint
+    unused = store_mod.NotebookStore(tmp_path / "s", str(tmp_path / "placeholder"))
+    unused.prepare()
+    cp = make(tmp_path, {"x": 1})
+    cp.checkpoint()
+    kept = store_mod.NotebookStore(tmp_path / "s", str(tmp_path / "nb.ipynb"))
+
+    # When both are asked to go
+    unused.remove_if_unused()
+    kept.remove_if_unused()
+    unused.remove_if_unused()  # gone already: nothing to do
+
+    # Then only the unused one went; the checkpoint is intact
+    assert not unused.path.exists()
+    assert kept.checkpoint_ids() == [cp.store.latest_id()]
+
+
 def test_retention_by_count_age_and_bytes(tmp_path: Path) -> None:
     ns: dict = {}
     cp = make(tmp_path, ns, keep_last=0)

@@ -87,6 +87,10 @@ __all__ = [
 ]
 
 
+#: The folders ``NotebookStore.prepare`` makes in a notebook's folder.
+SUBFOLDERS = ("manifests", "blobs", "packs", "tmp")
+
+
 class NotebookStore(Retention):
     """The checkpoints of one notebook."""
 
@@ -105,11 +109,25 @@ class NotebookStore(Retention):
         """Create the folders (0700) and record which notebook this folder is for."""
         ensure_private_dir(self.root)
         ensure_private_dir(self.path)
-        for sub in ("manifests", "blobs", "packs", "tmp"):
+        for sub in SUBFOLDERS:
             ensure_private_dir(self.path / sub)
         info = self.path / "notebook.json"
         if not info.exists():
             write_file_atomically(info, json.dumps({"key": self.key}).encode())
+
+    def remove_if_unused(self) -> None:
+        """Remove the folder while it holds only what ``prepare`` made (empty folders and
+        ``notebook.json``); anything else in it, and it stays. OSError when it cannot."""
+        with contextlib.suppress(FileNotFoundError):  # gone already
+            if set(os.listdir(self.path)) - {*SUBFOLDERS, "notebook.json"}:
+                return
+            if any(os.listdir(self.path / sub) for sub in SUBFOLDERS if (self.path / sub).is_dir()):
+                return
+            for sub in SUBFOLDERS:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.path / sub).rmdir()
+            (self.path / "notebook.json").unlink(missing_ok=True)
+            self.path.rmdir()
 
     def exists(self) -> bool:
         return self.manifests_dir.is_dir()
