@@ -124,10 +124,12 @@ def stored_notebooks(server: Server) -> list[str]:
 
 
 async def open_like_jupyterlab(server: Server, path: str = NOTEBOOK) -> str:
-    """Open a notebook the way JupyterLab 4's SessionContext does (apputils, ``_startSession``):
-    the session starts under a placeholder path, ``<folder>/<uuid>``, and is moved to the
-    notebook's path once its kernel runs. An open tab's chip asks in between, so the server
-    sees the kernel under the placeholder first. Returns the kernel's id."""
+    """Open a notebook the way JupyterLab 4's SessionContext does (@jupyterlab/apputils 4.7.6,
+    lib/sessioncontext.js, ``_startSession``, the version the galata tests run): the session
+    starts under a placeholder path, ``<folder>/<uuid>``, and is moved to the notebook's path
+    once its kernel runs. An open tab's chip asks in between, so the server sees the kernel
+    under the placeholder first. The real JupyterLab does this in the galata ways-back tests,
+    where it first showed. Returns the kernel's id."""
     placeholder = posixpath.join(posixpath.dirname(path), str(uuid.uuid4()))
     body = {"path": placeholder, "name": "", "type": "notebook", "kernel": {"name": "python3"}}
     response = await server.fetch("api", "sessions", method="POST", body=json.dumps(body))
