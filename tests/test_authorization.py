@@ -69,6 +69,7 @@ def test_the_routes_cover_every_endpoint() -> None:
         "resume",
         "activity",
         "accept",
+        "cancel",
         "checkpoints",
         "timeline",
         "gc",

@@ -319,6 +319,17 @@ async def test_resume_waiting_for_a_gpu_shows_its_place_and_times_out_with_7(
     _, record = await server.call("GET", "sessions", "a.ipynb")
     assert record["state"] == "waiting-for-resources"
 
+    # When it is cancelled
+    code, out, err = await jp("cancel", "a.ipynb")
+
+    # Then it is paused again, out of the queue, and a second cancel has nothing to cancel
+    assert (code, err) == (0, "")
+    assert out.startswith("a.ipynb: Resume cancelled; still paused. Your checkpoint 1"), out
+    _, record = await server.call("GET", "sessions", "a.ipynb")
+    assert record["state"] == "paused" and record["queue_position"] is None
+    code, _, err = await jp("cancel", "a.ipynb")
+    assert code == 5 and "no resume waits for resources (it is paused)" in err
+
 
 async def test_wrong_token_exits_6(server: Server, jp: Cli) -> None:
     # Given a server with a token

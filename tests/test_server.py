@@ -285,6 +285,40 @@ async def test_resume_waits_for_a_gpu_first_come_first_served(server: Server) ->
     assert await server.run(ready["kernel_id"], "print(who)") == "a\n"
 
 
+async def test_a_resume_waiting_for_a_gpu_can_be_cancelled_and_stays_paused(
+    server: Server,
+) -> None:
+    # Given one GPU: notebook A paused, notebook B holding the GPU, and A's resume waiting
+    a = await server.open_notebook("a.ipynb")
+    await server.run(a, "who = 'a'")
+    await pause_and_wait(server, "a.ipynb")
+    b = await server.open_notebook("b.ipynb")
+    await server.run(b, "who = 'b'")
+    status, message = await server.error("POST", "cancel", "a.ipynb")
+    assert status == 409 and "no resume waits for resources (it is paused)" in message
+    await server.call("POST", "resume", "a.ipynb")
+    await server.wait_state("a.ipynb", "waiting-for-resources")
+
+    # When the resume is cancelled
+    code, record = await server.call("POST", "cancel", "a.ipynb")
+
+    # Then A is paused again, out of the queue, its checkpoint intact; B keeps the GPU
+    assert code == 200 and record["state"] == "paused", record
+    assert record["queue_position"] is None and record["error"] is None
+    assert record["message"].startswith("Resume cancelled; still paused. Your checkpoint 1")
+    _, status_json = await server.call("GET", "status")
+    assert status_json["resources"]["queue"] == [] and status_json["resources"]["gpus_free"] == 0
+    _, b_record = await server.call("GET", "sessions", "b.ipynb")
+    assert b_record["state"] == "active" and b_record["gpus"] == [0]
+    # and nothing is left to cancel; a later resume still brings A back once B pauses
+    status, message = await server.error("POST", "cancel", "a.ipynb")
+    assert status == 409
+    await server.call("POST", "resume", "a.ipynb")
+    await pause_and_wait(server, "b.ipynb")
+    ready = await server.wait_state("a.ipynb", "ready", "failed")
+    assert await server.run(ready["kernel_id"], "print(who)") == "a\n"
+
+
 async def test_full_disk_during_pause_keeps_the_session_running(
     server: Server, tiny_store: Path
 ) -> None:

@@ -6,7 +6,8 @@ release its accelerators. A backend that ``pauses_running_cells`` (``criu``) is 
 stop a busy kernel, without a new checkpoint: the last one, taken at a safe point, is then the
 fallback of its process snapshot. A resume is: ``request_resources`` (which may wait in a queue),
 then ``restore`` (the same process from a snapshot when possible, else a new process into
-which the orchestrator restores the application checkpoint), and ``release`` when a session
+which the orchestrator restores the application checkpoint; ``kernel-pod`` keeps the kernel's
+id through the pause and launches its new process under it), and ``release`` when a session
 ends for good. ``describe_resources`` feeds the status API and the metrics.
 
 An ``EnvironmentBackend`` pauses a whole environment instead (a workspace pod: the server and
@@ -33,6 +34,11 @@ class ResourcesUnavailable(BackendError):
     """No accelerator can ever be granted for this request (not just: not now)."""
 
 
+class StillPaused(BackendError):
+    """A resume that could not bring the session back left it as it was: paused, its kernel
+    and checkpoint intact (the cluster refused, or the new kernel never came up)."""
+
+
 @dataclass
 class SessionSpec:
     """What a backend needs to know about one notebook session."""
@@ -54,6 +60,9 @@ class StopOutcome:
     snapshot: str | None = None  # a memory snapshot id, when the platform took one
     # What the snapshot took (bytes, seconds), or why there is none (``snapshot_problem``).
     details: dict[str, Any] = field(default_factory=dict)
+    # The kernel keeps its id in jupyter-server while paused (its pod is gone, the notebook's
+    # session stays): the resume brings that kernel back rather than starting another.
+    kernel_kept: bool = False
 
 
 @dataclass

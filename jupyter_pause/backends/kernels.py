@@ -24,14 +24,20 @@ async def running_kernel(kernel_manager: Any, session_manager: Any, path: str) -
 
 
 async def start_kernel(
-    kernel_manager: Any, session_manager: Any, session: SessionSpec, env: dict[str, str]
+    kernel_manager: Any,
+    session_manager: Any,
+    session: SessionSpec,
+    env: dict[str, str],
+    kernel_id: str | None = None,
 ) -> str:
-    """Start a kernel for the notebook (its session points at it); BackendError if it cannot."""
+    """Start a kernel for the notebook (its session points at it), under ``kernel_id`` when
+    given; BackendError if it cannot."""
     try:
         kernel_id = await kernel_manager.start_kernel(
             path=os.path.dirname(session.path),
             kernel_name=session.kernel_name,
             env=kernel_env(session_manager, session, env),
+            **({"kernel_id": kernel_id} if kernel_id else {}),
         )
     except Exception as err:  # no such kernelspec, kernel crashed on start, ...
         raise BackendError(f"could not start a {session.kernel_name} kernel: {err}") from err

@@ -23,7 +23,7 @@ from .client import (
     find_server,
     server_path,
 )
-from .sessions import cmd_accept, cmd_pause, cmd_resume, cmd_status
+from .sessions import cmd_accept, cmd_cancel, cmd_pause, cmd_resume, cmd_status
 from .timeline import cmd_timeline
 
 EPILOG = """\
@@ -112,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("list", cmd_list, "a notebook's checkpoints, or all sessions", "optional")
     add("timeline", cmd_timeline, "a notebook's pause/resume events and GPU time", "required")
     add("gc", cmd_gc, "apply the retention policy to every notebook's checkpoints")
+    add(
+        "cancel",
+        cmd_cancel,
+        "cancel a resume that waits for resources (a GPU): the notebook stays paused",
+        "required",
+    )
     add(
         "accept",
         cmd_accept,

@@ -1,4 +1,5 @@
-"""``status``, ``pause``, ``resume`` and ``accept``: a session's state, and following it."""
+"""``status``, ``pause``, ``resume``, ``cancel`` and ``accept``: a session's state, and following
+it."""
 
 from __future__ import annotations
 
@@ -133,6 +134,15 @@ def resume_summary(path: str, record: dict[str, Any], seconds: float) -> str:
         reasons = format_reasons(failed)
         detail += f"; {len(failed)} not restored: {reasons}"
     return f"Resumed {path}: restored from files ({detail}) in {took}"
+
+
+def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
+    record = client.post("cancel", quote_path(args.path))
+    if args.json:
+        print_json(record)
+    else:
+        print(f"{args.path}: {record['message']}")
+    return EXIT_OK
 
 
 def cmd_accept(client: Client, args: argparse.Namespace) -> int:

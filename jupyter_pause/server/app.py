@@ -28,7 +28,7 @@ from .kernel_bridge import KernelBridge
 from .orchestrator import Orchestrator
 from .routes import handlers
 
-BACKENDS = ("auto", "local", "workspace", "criu")
+BACKENDS = ("auto", "local", "workspace", "criu", "kernel-pod")
 
 
 class PauseApp(ExtensionApp):
@@ -47,7 +47,12 @@ class PauseApp(ExtensionApp):
         "selects it, and pauses the Workspace. 'criu': on this machine (root, or "
         "CAP_CHECKPOINT_RESTORE), snapshot the kernel process itself with CRIU and resume the "
         "very same process, even in the middle of a running cell; where `criu check` fails, "
-        "pauses are the local backend's and say why. 'auto': 'workspace' in a pod with a "
+        "pauses are the local backend's and say why. 'kernel-pod': each kernel of a kernelspec "
+        "whose provisioner is jupyter-pause-kernel-pod runs in a pod of its own (needs "
+        "gateway-provisioners[k8s]); a pause checkpoints it and deletes the pod (its GPU back to "
+        "the scheduler) while the kernel keeps its id, and a resume creates the pod again and "
+        "restores the checkpoint; other kernels are stopped and started as 'local' does. "
+        "'auto': 'workspace' in a pod with a "
         "service account token and POD_NAME/POD_NAMESPACE from the downward API, else 'local'.",
     ).tag(config=True)
 
@@ -272,6 +277,11 @@ class PauseApp(ExtensionApp):
             name = "workspace" if found else "local"
         if name == "criu":
             return self._criu_backend(serverapp)
+        if name == "kernel-pod":
+            found = self._kernel_pod_backend(serverapp)
+            if found is not None:
+                return found
+            name = "local"
         settings = None
         if name == "workspace":
             try:
@@ -310,6 +320,19 @@ class PauseApp(ExtensionApp):
         )
         self.log.info("jupyter_pause: criu backend (%s)", self.criu_binary)
         return backend, backend.pool.total
+
+    def _kernel_pod_backend(self, serverapp: Any) -> tuple[Backend, int] | None:
+        from ..backends.kernel_pod import KernelPodError
+
+        try:
+            from ..backends.kernel_pods import KernelPodBackend
+        except KernelPodError as err:  # the extension always loads: say why, run locally
+            self.log.error("jupyter_pause: no kernel-pod backend: %s; using 'local'", err)
+            return None
+        backend = KernelPodBackend(serverapp.kernel_manager, serverapp.session_manager)
+        self.log.info("jupyter_pause: kernel-pod backend (kernels in pods of their own)")
+        # Each kernel pod asks the scheduler for its GPU: gpus_per_kernel defaults to 1.
+        return backend, 1
 
     def _watch_sigterm(self) -> None:
         """Note a SIGTERM (the platform stopping the pod) before jupyter-server stops: its

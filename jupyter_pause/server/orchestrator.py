@@ -221,6 +221,10 @@ class Orchestrator:
             )
         return await self.resumes.start(record)
 
+    async def cancel(self, path: str) -> SessionRecord:
+        """Cancel a resume that waits for resources; the session stays paused."""
+        return await self.resumes.cancel(await self.get(path))
+
     async def accept(self, path: str) -> SessionRecord:
         """The user decides to carry on after an incomplete restore (or a checkpoint that
         lacks most of the one before it): retention applies again (see holds.py)."""

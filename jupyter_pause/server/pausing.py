@@ -171,7 +171,8 @@ class Pauses:
                 record,
                 "paused",
                 message,
-                kernel_id=None,
+                # A kernel pod keeps its kernel (and the notebook its session) while paused.
+                kernel_id=record.kernel_id if outcome.kernel_kept else None,
                 gpus=[],
                 progress=None,
                 # Without an answer from this pause (a busy kernel that did not say who it

@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from ..backends.base import Backend, BackendError
+from ..backends.base import Backend, BackendError, StillPaused
 from ..formatting import format_count, format_reasons
 from ..policy import Policy
 from ..records import SessionRecord
@@ -80,6 +80,20 @@ class Resumes:
             record.timeline.add("resume_requested")
             self.sessions.set(record, "resuming", "Resuming.", error=None, how=None, restore=None)
             self.sessions.tasks[path] = asyncio.create_task(self.run(record))
+        return record
+
+    async def cancel(self, record: SessionRecord) -> SessionRecord:
+        """Cancel a resume that waits for resources: what it asked for is taken back (a
+        pending kernel pod deleted) and the session stays paused, its checkpoint intact."""
+        path = record.path
+        task = self.sessions.tasks.get(path)
+        if task is None or record.state not in ("resuming", "waiting-for-resources"):
+            raise Conflict(
+                f"Cannot cancel for {path}: no resume waits for resources (it is {record.state})"
+            )
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
         return record
 
     async def for_environment(self, record: SessionRecord, trust_live: bool, note: str) -> None:
@@ -175,6 +189,36 @@ class Resumes:
             )
             await self._reopen_sharing(record, outcome.kernel_id)
             await self._finish(record, "files", result, started, note)
+        except asyncio.CancelledError:
+            if record.state not in ("resuming", "waiting-for-resources"):
+                raise  # the server stops mid-restore: its start-up finds the checkpoint
+            # Cancelled while it waited: the backend took back what it asked for.
+            latest = (await sessions.inspect(record)).latest
+            record.timeline.add("failed", what="resume: cancelled", recovery="still paused")
+            sessions.set(
+                record,
+                "paused",
+                "Resume cancelled; still paused." + intact_text(latest),
+                progress=None,
+                queue_position=None,
+                error=None,
+            )
+            metrics.resume_finished("failed", None)
+        except StillPaused as err:  # the backend left the session as it was: paused
+            latest = (await sessions.inspect(record)).latest
+            recovery = (intact_text(latest).strip() or "No data was changed.") + (
+                " Resume again when the cause is fixed."
+            )
+            record.timeline.add("failed", what=f"resume: {err}", recovery=recovery)
+            sessions.set(
+                record,
+                "paused",
+                f"Resume failed: {err}. Still paused.",
+                progress=None,
+                queue_position=None,
+                error={"what": f"resume failed: {err}", "recovery": recovery},
+            )
+            metrics.resume_finished("failed", None)
         except Exception as err:  # a backend's bug too: never leave the session "resuming"
             if not isinstance(err, BackendError | KernelCallError):
                 log.exception("jupyter_pause: resuming %s failed", record.path)

@@ -201,6 +201,17 @@ class ResumeActionHandler(PauseAPIHandler):
         self.finish(record.to_json())
 
 
+class CancelHandler(PauseAPIHandler):
+    """``POST /jupyter-pause/cancel/<path>``: cancel a resume that waits for resources (200);
+    the session stays paused."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def post(self, path: str) -> None:
+        record = await self.run(self.orchestrator.cancel(clean_path(path)))
+        self.finish(record.to_json())
+
+
 class ActivityHandler(PauseAPIHandler):
     """``POST /jupyter-pause/activity/<path>``: the user edited the notebook (not idle)."""
 
@@ -302,6 +313,7 @@ def handlers() -> list[tuple[str, type[PauseAPIHandler]]]:
         (f"{base}/checkpoint/{_PATH}", CheckpointActionHandler),
         (f"{base}/pause/{_PATH}", PauseActionHandler),
         (f"{base}/resume/{_PATH}", ResumeActionHandler),
+        (f"{base}/cancel/{_PATH}", CancelHandler),
         (f"{base}/activity/{_PATH}", ActivityHandler),
         (f"{base}/accept/{_PATH}", AcceptHandler),
         (f"{base}/checkpoints/{_PATH}", CheckpointsHandler),

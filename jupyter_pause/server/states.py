@@ -5,6 +5,7 @@ parts and the whole-environment pause never import each other to learn a name). 
 
     active -> checkpointing -> pausing -> paused -> resuming -> waiting-for-resources
            -> restoring -> ready            (and failed, from any step)
+    resuming / waiting-for-resources -> paused   (cancelled, or the backend refused: StillPaused)
 """
 
 from __future__ import annotations

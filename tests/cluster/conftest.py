@@ -15,6 +15,7 @@
   in force for one test, played as a mutating webhook (``gvisor_admission.py``: 1.20 has no
   admission policies); asked for before ``real_chain``, like ``gke_addon``. A test without it
   plays a cluster where that policy is not installed.
+* ``kernel_pods`` (``kernel_pod_fixtures.py``): the kernel-pod backend's setting on ``real_chain``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .control_plane import (
     kube_binary,
 )
 from .gvisor_admission import GvisorAdmission
+from .kernel_pod_fixtures import kernel_pods, provisioner_registered  # noqa: F401 - fixtures
 from .real_players import RealPlayedCluster, real_played_cluster
 
 

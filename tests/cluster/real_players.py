@@ -19,7 +19,9 @@ so a test runs the whole chain::
   scheduler bound to a node this cluster registered: the pod's volumes (a PVC's hostPath
   volume, ConfigMaps, emptyDirs), env (values, the downward API, ConfigMap/Secret keys, the
   kubernetes Service's) and service-account token (TokenRequest, bound to the pod, as a kubelet
-  projects it); a real ``jupyter server`` for the Notebooks image, ``sleep`` for any other; the
+  projects it); a real ``jupyter server`` for the Notebooks image, the container's command for
+  the kernel image of kernel pods (gateway's ``launch_ipykernel.py``: a real ipykernel), ``sleep``
+  for any other; the
   pod's status, its conditions (Ready only when every readiness gate is True) and container
   statuses as a kubelet writes them; a crashed container restarted after a back-off
   (CrashLoopBackOff); graceful deletion (SIGTERM, the grace period, SIGKILL, the final delete
@@ -108,6 +110,10 @@ JUPYTER_IMAGE = "jupyterlab-pause"
 IMAGE = "jupyterlab-pause:test"
 IMAGE_HOME = "/home/jovyan"  # the Kubeflow notebook images' HOME (and working directory)
 IMAGE_PORT = 8888
+#: The played kernel image of kernel pods (deploy/kernel-pods/): any image whose name has this in
+#: it runs its container's command, with the image's files where gateway's kernel images have
+#: them (``KERNEL_IMAGE_FILES``) and its ``python`` this interpreter.
+KERNEL_IMAGE = "jupyter-pause-kernel"
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 _numbers = itertools.count(1)
@@ -1232,6 +1238,7 @@ class RealPlayedCluster:
         self.pods: dict[str, KubeletPod] = {}  # uid -> what the kubelet knows
         self.snapshots: dict[tuple[str, str], Snapshot] = {}
         self.unpullable: set[str] = set()
+        self.commands: list[Container] = []  # every kernel image container, in start order
         self.kind_modes: dict[str, str | None] = {}  # WorkspaceKind -> its RBAC's mode
         self.cluster_roles: list[str] = []  # ClusterRoles this test made (edit_role)
         self.fail_triggers: list[str] = []  # the node agent fails the next ones, with these
@@ -1461,6 +1468,8 @@ class RealPlayedCluster:
             for played in self.workspaces.values():
                 for container in played.containers:
                     containers[id(container)] = container
+            for container in self.commands:
+                containers[id(container)] = container
         for container in containers.values():
             container.discard()
             shutil.rmtree(container.workdir, ignore_errors=True)
@@ -1904,6 +1913,8 @@ class RealPlayedCluster:
             k: v for k, v in os.environ.items()
             if not k.startswith(("JUPYTER", "KUBERNETES", "POD_"))
         }  # fmt: skip
+        if KERNEL_IMAGE in spec["image"]:
+            return self._run_command(known, spec, workdir, log, {**base_env, **env_pod})
         if JUPYTER_IMAGE not in spec["image"]:
             with open(log, "wb") as out:
                 process = subprocess.Popen(
@@ -1999,6 +2010,55 @@ class RealPlayedCluster:
         if agent_end is not None:
             assert pod_end is not None
             self._work(f"gvisor-{known.name}", self._gvisor_agent, container, agent_end, pod_end)
+        return container
+
+    def kernel_image_files(self) -> dict[str, Path]:
+        """Where the played kernel image has gateway-provisioners' launchers, assembled as its
+        ``jupyter image-bootstrap install --languages python`` does: the Python launcher with
+        the shared ``server_listener.py`` over its placeholder (from the package installed here)."""
+        import importlib.util
+
+        found = importlib.util.find_spec("gateway_provisioners")
+        assert found is not None and found.origin, "gateway-provisioners is not installed"
+        source = Path(found.origin).parent / "kernel-launchers"
+        image = self.workdir / "kernel-image" / "kernel-launchers"
+        if not image.exists():
+            for part in ("python", "shared"):
+                shutil.copytree(source / part, image / "python", dirs_exist_ok=True)
+        return {"/usr/local/bin/kernel-launchers/": image}
+
+    def _run_command(
+        self, known: KubeletPod, spec: dict[str, Any], workdir: Path, log: Path, env: dict[str, str]
+    ) -> Container:
+        """The container's command and args as a local process: ``$(VAR)`` expanded from its
+        env as a kubelet does, the image's paths and ``python`` mapped onto this machine."""
+        files = self.kernel_image_files()
+
+        def expand(text: str) -> str:
+            text = re.sub(
+                r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]),
+                text,
+            )
+            for image_path, local in files.items():
+                if text.startswith(image_path):
+                    text = str(local / text[len(image_path) :])
+            return text
+
+        argv = [expand(a) for a in [*(spec.get("command") or []), *(spec.get("args") or [])]]
+        assert argv, f"pod {known.name}: the kernel image has no default command here"
+        if argv[0] in ("python", "python3"):
+            argv[0] = sys.executable
+        cwd = workdir / "root" / (spec.get("workingDir") or "").lstrip("/")
+        cwd.mkdir(parents=True, exist_ok=True)
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
+            )
+        container = Container(known.uid, process, 0, "", workdir, log, namespace=known.namespace,
+                              pod_name=known.name, image=spec["image"], pids=[process.pid])  # fmt: skip
+        with self.lock:
+            self.commands.append(container)
         return container
 
     def _attach_restored(

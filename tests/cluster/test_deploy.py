@@ -47,6 +47,7 @@ GVISOR_POLICY = mode_file("pod-snapshots", "gvisor-admission-policy.yaml")
 #: test's namespace. (Each mode stamps its Role for a Workspace of its own: same names.)
 MANIFESTS = {
     DEPLOY / "rbac-user.yaml": {"NAMESPACE": "", "USER": "alice@example.com"},
+    DEPLOY / "kernel-pods" / "rbac.yaml": {"NAMESPACE": "", "SERVICE_ACCOUNT": "jupyter-server"},
     mode_file("gke-workspaces", "workspacekind.yaml"): {},
     mode_file("gke-workspaces", "clusterrole.yaml"): {},
     mode_file("gke-workspaces", "rbac-workspace.yaml"): {"NAMESPACE": "", "WORKSPACE": "lab-gke"},

@@ -1,0 +1,329 @@
+"""The kernel-pod provisioner: gateway-provisioners' ``KubernetesProvisioner`` that can pause.
+
+Registered as the ``jupyter-pause-kernel-pod`` kernel provisioner (``pyproject.toml``), named by a
+kernelspec's ``metadata.kernel_provisioner`` (``deploy/kernel-pods/``). Launching is upstream's:
+the kernelspec's launcher renders the kernel pod template from ``KERNEL_*`` values and creates
+the pod; the image's ``launch_ipykernel.py`` sends the kernel's connection info back to the
+server's response address. Added here:
+
+* **pause** (``pause()``, after the application checkpoint): the pod is deleted and gone (its GPU
+  back to the scheduler) while the kernel keeps its id, its KernelManager and its launch
+  arguments. ``poll()`` answers "running" while paused: a paused kernel is not dead, so
+  jupyter_client's restarter never launches it again by itself.
+* **resume** (``resume_kernel(manager)``): the KernelManager's own restart of the paused kernel,
+  which this provisioner turns into a new pod under the same kernel id (nothing to stop: the pod
+  went at the pause). While the scheduler has no room (``Pending`` + ``Unschedulable``) the
+  launch waits with the scheduler's reason in ``waiting_reason``, and that wait does not count
+  against the provisioners' launch timeout (``launch_timeout``, 30 s by default). A resume that
+  fails or is cancelled deletes the pod it made and leaves the kernel paused.
+* clear errors (``KernelPodError``) instead of tracebacks for failed API calls and launches.
+
+gateway-provisioners is optional: importing this module without it raises a ``KernelPodError``
+that says how to install it (jupyter_client loads a provisioner only when a kernelspec names it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import tempfile
+from typing import IO, Any
+
+import urllib3
+from traitlets import Float
+
+from .kernel_pod import (
+    INSTALL_HINT,
+    KernelPodError,
+    api_detail,
+    api_error,
+    launcher_env,
+    launcher_failure,
+    unschedulable_reason,
+)
+
+try:
+    from gateway_provisioners.k8s import KubernetesProvisioner
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+except ImportError as missing:
+    raise KernelPodError(
+        f"the kernel-pod backend needs gateway-provisioners ({missing}): {INSTALL_HINT}"
+    ) from missing
+except Exception as no_config:  # k8s.py loads the cluster's config when imported
+    raise KernelPodError(
+        f"the kernel-pod backend could not load the Kubernetes configuration ({no_config}); "
+        "outside a pod set GP_USE_INCLUSTER_CONFIG=false and KUBECONFIG"
+    ) from no_config
+
+
+#: The name kernelspecs give this provisioner (``metadata.kernel_provisioner``).
+PROVISIONER_NAME = "jupyter-pause-kernel-pod"
+
+
+def pending_reason(namespace: str, kernel_id: str) -> str | None:
+    """The scheduler's reason while the pod of kernel ``kernel_id`` waits for a node; None when
+    it does not wait, or cannot be read (the launch itself then says what went wrong)."""
+    selector = f"kernel_id={kernel_id},component=kernel"
+    try:
+        pods = client.CoreV1Api().list_namespaced_pod(namespace, label_selector=selector).items
+    except (ApiException, urllib3.exceptions.HTTPError, OSError):
+        return None
+    for pod in pods:
+        reason = unschedulable_reason(client.ApiClient().sanitize_for_serialization(pod))
+        if reason:
+            return reason
+    return None
+
+
+class KernelPodProvisioner(KubernetesProvisioner):
+    """A kernel in a pod of its own, which a pause deletes and a resume creates again."""
+
+    pause_grace_seconds = Float(
+        10.0,
+        config=True,
+        help="Seconds the kernel's process has to exit when a pause deletes its pod (the "
+        "pod's deletion grace period); the application checkpoint is already taken. E.g. 10.",
+    )
+    pod_gone_timeout_seconds = Float(
+        120.0,
+        config=True,
+        help="Seconds a pause waits for the deleted pod to be gone from the API server (its GPU "
+        "free again) before it fails and the kernel runs on. E.g. 120.",
+    )
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.paused = False  # the pod was deleted by a pause; the kernel waits for a resume
+        self.resuming = False  # this launch is a resume of a paused kernel
+        #: While a launch waits for the scheduler: its message, e.g. "0/2 nodes are available:
+        #: 2 Insufficient nvidia.com/gpu."; None otherwise.
+        self.waiting_reason: str | None = None
+        self._launcher_stderr: IO[bytes] | None = None
+
+    # -- launch -----------------------------------------------------------------------------------
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        self.resuming, self.paused = self.paused, False
+        self.waiting_reason = None
+        kwargs = await super().pre_launch(**kwargs)
+        # jupyter_client's conventions for a kernelspec's argv, which remote provisioners skip:
+        # "python" is the server's interpreter, {resource_dir} the kernelspec's folder.
+        resource_dir = self.kernel_spec.resource_dir
+        cmd = [arg.replace("{resource_dir}", resource_dir) for arg in kwargs["cmd"]]
+        if cmd and cmd[0] in ("python", "python3"):
+            cmd[0] = sys.executable
+        kwargs["cmd"] = cmd
+        kwargs["env"] = launcher_env(kwargs["env"], self.kernel_spec.env or {})
+        # The launcher's stderr is kept to say why it failed (a 403 on the pod's creation).
+        self._launcher_stderr = tempfile.TemporaryFile()  # noqa: SIM115 - read on failure
+        kwargs["stderr"] = self._launcher_stderr
+        return kwargs
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        try:
+            info = await super().launch_kernel(cmd, **kwargs)
+            launcher, self.local_proc = self.local_proc, None
+            if launcher is not None:
+                # The launcher's job ended with the pod's creation (the kernel in it answered):
+                # reaped here, the kernel's life is the pod's (poll() reads its phase).
+                await asyncio.to_thread(launcher.wait, 30)
+            return info
+        except BaseException:
+            await self._reap_launcher()
+            # A failed or cancelled launch leaves no pod behind (waiting for a GPU, say).
+            await asyncio.to_thread(self._delete_quietly, self.kernel_pod_name)
+            if self.resuming:  # the checkpoint is intact: back to paused, with no pod
+                self.paused = True
+                self.container_name = self.kernel_pod_name
+            raise
+        finally:
+            self.resuming = False
+            self.waiting_reason = None
+            if self._launcher_stderr is not None:
+                self._launcher_stderr.close()
+                self._launcher_stderr = None
+
+    async def _reap_launcher(self) -> None:
+        """A launch that failed or was cancelled: its launcher ends (and is waited for)."""
+        launcher = self.local_proc
+        if launcher is None:
+            return
+        if launcher.poll() is None:
+            launcher.kill()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(launcher.wait, 30)
+
+    def get_container_status(self, iteration: str | None) -> str:
+        """Upstream's answer (the kernel pod's phase, its IP once running), read with clear
+        errors, and ``waiting_reason`` kept up to date."""
+        selector = f"kernel_id={self.kernel_id},component=kernel"
+        pods = self._call(
+            "list the kernel's pods",
+            lambda: client.CoreV1Api().list_namespaced_pod(
+                namespace=self.kernel_namespace, label_selector=selector
+            ),
+        ).items
+        pods = [p for p in pods if p.metadata.deletion_timestamp is None] or pods
+        if not pods:
+            return ""
+        pod = pods[0]
+        self.container_name = pod.metadata.name
+        phase = (pod.status.phase or "").lower() if pod.status else ""
+        if phase == "running" and not self.assigned_host:
+            self.assigned_ip = pod.status.pod_ip
+            self.assigned_host = self.container_name
+            self.assigned_node_ip = pod.status.host_ip
+        reason = unschedulable_reason(client.ApiClient().sanitize_for_serialization(pod))
+        if reason != self.waiting_reason:
+            if reason:
+                self.log.info("Kernel pod %s waits for resources: %s", pod.metadata.name, reason)
+            self.waiting_reason = reason
+        return phase
+
+    async def handle_launch_timeout(self) -> None:
+        if self.waiting_reason is not None:
+            # Time spent waiting for the scheduler is not the launch's: the launch timeout
+            # counts from when the pod got a node (a resume may wait hours for a GPU).
+            self.start_time = self.get_current_time()
+        await super().handle_launch_timeout()
+
+    def detect_launch_failure(self) -> None:
+        """A launcher that exited with an error: why, from its stderr (the API's message)."""
+        process = self.local_proc
+        if process is None or not process.poll():
+            return
+        process.wait()
+        self.local_proc = None
+        text = ""
+        if self._launcher_stderr is not None:
+            self._launcher_stderr.seek(0)
+            text = self._launcher_stderr.read().decode(errors="replace")
+        status, detail = launcher_failure(text)
+        if status is not None:
+            raise api_error("create the kernel pod", self.kernel_namespace, status, detail)
+        raise KernelPodError(
+            f"the kernel pod launcher exited with status {process.returncode}: {detail}"
+        )
+
+    # -- pause ------------------------------------------------------------------------------------
+    async def pause(self) -> None:
+        """Delete the kernel's pod and wait until it is gone (its GPU free); the kernel keeps
+        its id. Take the application checkpoint first: the pod's memory goes with it."""
+        if self.paused:
+            return
+        name = self.container_name
+        if not name:
+            raise KernelPodError(f"kernel {self.kernel_id} has no pod to pause")
+        self.paused = True  # first: from now on poll() says paused, and the restarter leaves it
+        try:
+            await asyncio.to_thread(self._delete, name, self.pause_grace_seconds)
+            await self._wait_gone(name)
+        except BaseException:
+            self.paused = False
+            raise
+        # The launcher's listener went with the pod: nothing to signal until the resume.
+        self.comm_port = 0
+        self.assigned_ip = None
+        self.assigned_host = ""
+
+    async def poll(self) -> int | None:
+        if self.paused:
+            return None  # paused is not dead: nothing to restart
+        return await super().poll()
+
+    async def send_signal(self, signum: int) -> None:
+        if self.paused:
+            return  # no process to signal: its state is in the checkpoint
+        await super().send_signal(signum)
+
+    async def cleanup(self, restart: bool = False) -> None:
+        if not restart:
+            self.paused = False  # shut down: nothing left to resume
+        await super().cleanup(restart=restart)
+
+    async def get_provisioner_info(self) -> dict[str, Any]:
+        info = await super().get_provisioner_info()
+        info["paused"] = self.paused
+        info["kernel_pod_name"] = self.kernel_pod_name
+        return info
+
+    async def load_provisioner_info(self, provisioner_info: dict) -> None:
+        await super().load_provisioner_info(provisioner_info)
+        self.paused = bool(provisioner_info.get("paused"))
+        self.kernel_pod_name = provisioner_info.get("kernel_pod_name")
+        if self.paused:
+            self.container_name = self.kernel_pod_name
+
+    # -- the API calls ----------------------------------------------------------------------------
+    def _call(self, action: str, call: Any) -> Any:
+        try:
+            return call()
+        except ApiException as err:
+            raise api_error(
+                action, self.kernel_namespace, err.status, api_detail(err.body, err.reason)
+            ) from None
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise api_error(action, self.kernel_namespace, None, str(err)) from None
+
+    def _delete(self, name: str, grace: float) -> None:
+        options = client.V1DeleteOptions(grace_period_seconds=int(grace))
+        try:
+            self._call(
+                f"delete kernel pod {name}",
+                lambda: client.CoreV1Api().delete_namespaced_pod(
+                    name, self.kernel_namespace, body=options
+                ),
+            )
+        except KernelPodError:
+            if self._read(name) is not None:
+                raise  # a 404 means it is gone already: that is what was asked
+
+    def _delete_quietly(self, name: str | None) -> None:
+        if not name:
+            return
+        try:
+            self._delete(name, 0)
+        except KernelPodError as err:
+            self.log.warning("Kernel pod %s of a failed resume is left: %s", name, err)
+
+    def _read(self, name: str) -> Any:
+        try:
+            return client.CoreV1Api().read_namespaced_pod(name, self.kernel_namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise api_error(
+                f"read kernel pod {name}",
+                self.kernel_namespace,
+                err.status,
+                api_detail(err.body, err.reason),
+            ) from None
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise api_error(
+                f"read kernel pod {name}", self.kernel_namespace, None, str(err)
+            ) from None
+
+    async def _wait_gone(self, name: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.pod_gone_timeout_seconds
+        while await asyncio.to_thread(self._read, name) is not None:
+            if loop.time() > deadline:
+                raise KernelPodError(
+                    f"kernel pod {name} was deleted but is still there after "
+                    f"{self.pod_gone_timeout_seconds:g} s (its node's kubelet may be down)"
+                )
+            await asyncio.sleep(0.2)
+
+
+async def resume_kernel(manager: Any) -> None:
+    """Bring a paused kernel pod back: the (async) KernelManager's own restart, which the
+    provisioner turns into a new pod under the same kernel id. Returns once the new kernel
+    answers its launch (connection info back); ``manager.provisioner.waiting_reason`` says why
+    meanwhile, while it waits for the scheduler."""
+    provisioner = manager.provisioner
+    if not isinstance(provisioner, KernelPodProvisioner):
+        raise KernelPodError(f"kernel {manager.kernel_id} is not a kernel pod")
+    if not provisioner.paused:
+        raise KernelPodError(f"kernel {manager.kernel_id} is not paused: nothing to resume")
+    await manager.restart_kernel(now=True)

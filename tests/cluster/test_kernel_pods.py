@@ -1,0 +1,205 @@
+"""The kernel-pod backend (``jupyter_pause/backends/kernel_pod_provisioner.py``) on the real
+control plane: JupyterLab's KernelManager launches each kernel as a pod through the shipped
+kernelspec (``deploy/kernel-pods/``, installed by its own script) and gateway-provisioners'
+launcher; the real kube-scheduler places the pod on a node the test registered with one
+``nvidia.com/gpu``; the played kubelet (``real_players.py``) runs the pod's command, gateway's
+``launch_ipykernel.py``, as a real ipykernel process with the pod's environment, which sends its
+connection info back to the provisioner. Every API call of the provisioner and its launcher is
+made with the server's ServiceAccount token and nothing but ``deploy/kernel-pods/rbac.yaml``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from .kernel_pod_fixtures import KernelPods, run_cell, scheduled, until
+from .real_players import core
+
+pytest.importorskip("gateway_provisioners", reason="the kernel-pod backend's tests")
+
+
+def test_a_kernel_pod_runs_pauses_without_its_gpu_and_resumes_under_its_id_from_files(
+    kernel_pods: KernelPods,
+) -> None:
+    from jupyter_pause.backends.kernel_pod_provisioner import KernelPodProvisioner, resume_kernel
+
+    cluster = kernel_pods.cluster
+
+    async def scenario() -> None:
+        # Given a kernel started through the shipped kernelspec
+        manager = kernel_pods.manager()
+        restarts: list[str] = []
+        manager.add_restart_callback(lambda: restarts.append("restart"), "restart")
+        await manager.start_kernel(env=kernel_pods.env())
+        try:
+            assert isinstance(manager.provisioner, KernelPodProvisioner)
+            kernel_id = manager.kernel_id
+
+            # Then it is one pod, placed by the real scheduler on the GPU node, asking one GPU
+            (pod,) = kernel_pods.kernel_pods()
+            assert pod["metadata"]["labels"]["kernel_id"] == kernel_id
+            assert pod["spec"]["nodeName"] == f"{cluster.pool}-gpu"
+            (container,) = pod["spec"]["containers"]
+            assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+            assert pod["spec"]["automountServiceAccountToken"] is False
+            # and a real ipykernel: the pod's own process (the played kubelet's), its env
+            played = cluster.pods[pod["metadata"]["uid"]].container
+            assert played is not None
+            facts = json.loads(
+                await run_cell(
+                    manager,
+                    "import os, json\n"
+                    "print(json.dumps([os.getpid(), type(get_ipython().kernel).__module__,"
+                    " os.environ['KERNEL_ID']]))",
+                )
+            )
+            assert facts == [played.process.pid, "ipykernel.ipkernel", kernel_id]
+            # When the notebook's state is checkpointed and the kernel paused
+            await run_cell(
+                manager,
+                "weights = [1.5, 2.5]\nstep = 41\n"
+                "saved = __import__('jupyter_pause').checkpoint()\n"
+                "assert {'weights', 'step'} <= set(saved.saved), saved.summary()",
+            )
+            await manager.provisioner.pause()
+
+            # Then its pod is gone and the kernel is the same: its id, its manager, "alive"
+            assert kernel_pods.kernel_pods() == []
+            assert played.process.poll() is not None  # the kernel's process ended with it
+            assert manager.kernel_id == kernel_id and manager.has_kernel
+            assert await manager.is_alive()  # paused is not dead
+            # and its GPU is free: another team's GPU pod is scheduled on that node
+            (other,) = cluster.block_gpus(1)
+            other_ns = f"{kernel_pods.namespace}-other-team"
+            await until(
+                lambda: scheduled(cluster.api.get(core(other_ns, "pods", other)) or {"spec": {}}),
+                60,
+                "the other team's GPU pod to be scheduled",
+                cluster,
+            )
+            cluster.release_gpus()
+            # and the restarter, looking every 0.5 s, brought nothing back in 5 s
+            await asyncio.sleep(5)
+            assert restarts == [] and kernel_pods.kernel_pods() == []
+
+            # When it is resumed (the other pod gone, the GPU free)
+            await until(
+                lambda: cluster.api.get(core(other_ns, "pods", other)) is None,
+                60,
+                "the other team's pod to be gone",
+                cluster,
+            )
+            await resume_kernel(manager)
+
+            # Then one new pod runs the kernel under the same id, a new process
+            (again,) = kernel_pods.kernel_pods()
+            assert again["metadata"]["labels"]["kernel_id"] == kernel_id
+            assert again["metadata"]["uid"] != pod["metadata"]["uid"]
+            assert manager.kernel_id == kernel_id and not manager.provisioner.paused
+            # and the variables come back from the checkpoint files
+            restored = await run_cell(
+                manager,
+                "%load_ext jupyter_pause\n"
+                "import json\n"
+                "result = __import__('jupyter_pause').restore()\n"
+                "print(json.dumps([result.complete, sorted(result.restored), weights, step]))",
+            )
+            assert json.loads(restored) == [True, ["step", "weights"], [1.5, 2.5], 41]
+        finally:
+            await manager.shutdown_kernel(now=True)
+        # and a shutdown deletes the pod for good
+        await until(lambda: kernel_pods.kernel_pods() == [], 60, "no kernel pod", cluster)
+
+    asyncio.run(scenario())
+
+
+def test_a_resume_without_a_free_gpu_waits_with_the_schedulers_reason_past_the_launch_timeout(
+    kernel_pods: KernelPods,
+) -> None:
+    from jupyter_pause.backends.kernel_pod_provisioner import resume_kernel
+
+    cluster = kernel_pods.cluster
+    launch_timeout = 5
+
+    async def scenario() -> None:
+        # Given a paused kernel pod whose launch timeout is 5 s
+        manager = kernel_pods.manager(launch_timeout=launch_timeout)
+        await manager.start_kernel(env=kernel_pods.env())
+        try:
+            kernel_id = manager.kernel_id
+            await manager.provisioner.pause()
+            # and another team's pod holding the only GPU meanwhile
+            (other,) = cluster.block_gpus(1)
+            other_ns = f"{kernel_pods.namespace}-other-team"
+            await until(
+                lambda: scheduled(cluster.api.get(core(other_ns, "pods", other)) or {"spec": {}}),
+                60,
+                "the other team's GPU pod to be scheduled",
+                cluster,
+            )
+
+            # When the kernel is resumed
+            resume = asyncio.create_task(resume_kernel(manager))
+
+            # Then it waits, saying the scheduler's reason, for three times its launch timeout
+            reason = await until(
+                lambda: manager.provisioner.waiting_reason, 60, "the reason of the wait", cluster
+            )
+            assert "Insufficient nvidia.com/gpu" in reason, reason
+            await asyncio.sleep(3 * launch_timeout)
+            assert not resume.done(), resume
+            (waiting,) = kernel_pods.kernel_pods()
+            assert waiting["status"]["phase"] == "Pending" and not scheduled(waiting)
+            assert "Insufficient nvidia.com/gpu" in manager.provisioner.waiting_reason
+
+            # When the other team's pod goes
+            cluster.release_gpus()
+
+            # Then the resume completes: the kernel runs again under its id, on the GPU node
+            await asyncio.wait_for(resume, 120)
+            assert manager.provisioner.waiting_reason is None
+            (pod,) = kernel_pods.kernel_pods()
+            assert pod["metadata"]["labels"]["kernel_id"] == kernel_id
+            assert pod["spec"]["nodeName"] == f"{cluster.pool}-gpu"
+            assert await run_cell(manager, "print(6 * 7)") == "42\n"
+        finally:
+            await manager.shutdown_kernel(now=True)
+
+    asyncio.run(scenario())
+
+
+def test_the_shipped_rbac_lets_the_servers_account_manage_pods_in_its_namespace_only(
+    kernel_pods: KernelPods,
+) -> None:
+    from kubernetes import client
+
+    # Given the server's ServiceAccount with deploy/kernel-pods/rbac.yaml (the fixture's), as
+    # the provisioner calls the API (the Kubernetes client's default configuration)
+    namespace = kernel_pods.namespace
+    verbs = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+    resources = ("pods", "pods/exec", "pods/log", "pods/status", "secrets", "configmaps",
+                 "services", "serviceaccounts", "events")  # fmt: skip
+
+    # When the API server is asked about every verb on each resource, here and in "default"
+    allowed = set()
+    with client.ApiClient() as api:
+        authorization = client.AuthorizationV1Api(api)
+        for where in (namespace, "default"):
+            for resource in resources:
+                kind, _, sub = resource.partition("/")
+                for verb in verbs:
+                    attributes = {"namespace": where, "verb": verb, "resource": kind}
+                    if sub:
+                        attributes["subresource"] = sub
+                    review = authorization.create_self_subject_access_review(
+                        {"spec": {"resourceAttributes": attributes}}
+                    )
+                    if review.status.allowed:
+                        allowed.add((where, resource, verb))
+
+    # Then it may create, delete, get, list and watch pods in its own namespace, nothing else
+    wanted = {(namespace, "pods", v) for v in ("create", "delete", "get", "list", "watch")}
+    assert allowed == wanted, allowed ^ wanted

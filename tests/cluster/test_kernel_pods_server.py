@@ -1,0 +1,386 @@
+"""The kernel-pod backend in the jupyter_pause server, driven through its REST API.
+
+A real jupyter_server with ``c.PauseApp.backend = "kernel-pod"`` and the shipped kernel-pods
+kernelspec (``deploy/kernel-pods/``): opening a notebook launches its kernel as a pod, placed by
+the real kube-scheduler on this test's node of one ``nvidia.com/gpu`` and run by the played
+kubelet as a real ipykernel. Pauses and resumes are asked of the extension's REST API the way
+the toolbar and the CLI ask them; the cluster is read through its API server. The kernel's
+restarter looks every 0.5 s and its launch timeout is 5 s, so waits past them are short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ..servers import Server, pause_server_config
+from .kernel_pod_fixtures import KERNEL_NAME, KernelPods, scheduled, until
+from .real_players import core
+
+pytest.importorskip("gateway_provisioners", reason="the kernel-pod backend's tests")
+
+NOTEBOOK = "exp.ipynb"
+LAUNCH_TIMEOUT = 5
+
+
+@pytest.fixture
+def jp_server_config(
+    kernel_pods: KernelPods, pause_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> dict:
+    """The kernel-pod backend; the kernel pods' template values in the server's environment
+    (jupyter-server gives its kernels its own), as a deployment sets them."""
+    for name, value in kernel_pods.env().items():
+        if name.startswith("KERNEL_"):
+            monkeypatch.setenv(name, value)
+    config = pause_server_config(pause_store, backend="kernel-pod")
+    config["KernelPodProvisioner"] = {"launch_timeout": LAUNCH_TIMEOUT}
+    config["KernelRestarter"] = {"time_to_dead": 0.5}
+    return config
+
+
+@pytest.fixture
+def pod_server(server: Server, kernel_pods: KernelPods, jp_asyncio_loop: Any) -> Iterator[Server]:
+    """The server; its kernels (their pods) shut down while the cluster is still there."""
+    yield server
+    jp_asyncio_loop.run_until_complete(server.app.kernel_manager.shutdown_all(now=True))
+
+
+async def open_gpu_notebook(server: Server) -> str:
+    """What JupyterLab does when the notebook opens with the GPU kernel: its kernel id."""
+    body = {
+        "path": NOTEBOOK,
+        "name": NOTEBOOK,
+        "type": "notebook",
+        "kernel": {"name": KERNEL_NAME},
+    }
+    response = await server.fetch("api", "sessions", method="POST", body=json.dumps(body))
+    return json.loads(response.body)["kernel"]["id"]
+
+
+async def a_paused_gpu_notebook(
+    server: Server, kernel_pods: KernelPods, before_pause: Any = None
+) -> tuple[str, dict]:
+    """A notebook whose kernel pod held ``weights`` and ``step``, paused through the API
+    (``before_pause(kernel_id)`` awaited first)."""
+    kernel_id = await open_gpu_notebook(server)
+    if before_pause is not None:
+        await before_pause(kernel_id)
+    (pod,) = kernel_pods.kernel_pods()
+    assert pod["metadata"]["labels"]["kernel_id"] == kernel_id
+    await server.run(kernel_id, "weights = [1.5, 2.5]\nstep = 41")
+    await server.watched(NOTEBOOK)
+    code, record = await server.call("POST", "pause", NOTEBOOK)
+    assert code == 202, record
+    paused = await server.wait_state(NOTEBOOK, "paused", "active")
+    assert paused["state"] == "paused", paused
+    return kernel_id, pod
+
+
+async def kernel_ids(server: Server) -> list[str]:
+    response = await server.fetch("api", "kernels")
+    return [k["id"] for k in json.loads(response.body)]
+
+
+async def statuses_until(ws: Any, wanted: str, timeout: float = 30) -> list[str]:
+    """The kernel statuses a websocket receives, until ``wanted`` (fails after ``timeout``)."""
+    seen: list[str] = []
+    while wanted not in seen:
+        text = await asyncio.wait_for(ws.read_message(), timeout)
+        assert text is not None, f"the websocket closed; statuses seen: {seen}"
+        msg = json.loads(text)
+        if msg["msg_type"] == "status":
+            seen.append(msg["content"]["execution_state"])
+    return seen
+
+
+async def execute_over(ws: Any, code: str, timeout: float = 60) -> str:
+    """Run ``code`` through a notebook's websocket, as JupyterLab does; its stdout."""
+    msg_id = uuid.uuid4().hex
+    ws.write_message(
+        json.dumps(
+            {
+                "header": {
+                    "msg_id": msg_id,
+                    "msg_type": "execute_request",
+                    "username": "tab",
+                    "session": "tab",
+                    "version": "5.3",
+                    "date": "",
+                },
+                "parent_header": {},
+                "metadata": {},
+                "content": {"code": code, "silent": False},
+                "channel": "shell",
+                "buffers": [],
+            }
+        )
+    )
+    out: list[str] = []
+    replied = idle = False
+    while not (replied and idle):  # the reply (shell) and the output (iopub) in any order
+        text = await asyncio.wait_for(ws.read_message(), timeout)
+        assert text is not None, "the websocket closed"
+        msg = json.loads(text)
+        if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "execute_reply":
+            assert msg["content"]["status"] == "ok", msg["content"]
+            replied = True
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            idle = True
+    return "".join(out)
+
+
+async def other_team_holds_the_gpu(kernel_pods: KernelPods) -> tuple[str, str]:
+    """Another team's pod asking one GPU, placed by the scheduler: (namespace, name)."""
+    cluster = kernel_pods.cluster
+    (other,) = cluster.block_gpus(1)
+    namespace = f"{kernel_pods.namespace}-other-team"
+    await until(
+        lambda: scheduled(cluster.api.get(core(namespace, "pods", other)) or {"spec": {}}),
+        60,
+        "the other team's GPU pod to be scheduled",
+        cluster,
+    )
+    return namespace, other
+
+
+async def test_a_pause_frees_the_gpu_and_a_resume_brings_the_same_kernel_back_from_files(
+    pod_server: Server, kernel_pods: KernelPods, jp_ws_fetch: Any
+) -> None:
+    server = pod_server
+    cluster = kernel_pods.cluster
+
+    # Given a notebook whose GPU kernel pod holds variables, open in a tab (its websocket),
+    # paused through the REST API
+    tabs: list[Any] = []
+
+    async def open_tab(kernel_id: str) -> None:
+        params = {"session_id": "tab"}
+        tabs.append(await jp_ws_fetch("api", "kernels", kernel_id, "channels", params=params))
+
+    kernel_id, pod = await a_paused_gpu_notebook(server, kernel_pods, open_tab)
+    (tab,) = tabs
+
+    # Then its pod is gone, while the server runs on and still lists the kernel and its session
+    assert kernel_pods.kernel_pods() == []
+    _, record = await server.call("GET", "sessions", NOTEBOOK)
+    assert record["state"] == "paused" and record["kernel_id"] == kernel_id, record
+    assert record["checkpoint"]["variables"] == ["step", "weights"]
+    assert kernel_id in await kernel_ids(server)
+    _, timeline = await server.call("GET", "timeline", NOTEBOOK)
+    (released,) = [e for e in timeline["events"] if e["kind"] == "gpu_released"]
+    assert released["data"]["measured"] is True
+    # and the GPU is free: another team's GPU pod is scheduled on that node
+    other_ns, other = await other_team_holds_the_gpu(kernel_pods)
+    assert cluster.api.get(core(other_ns, "pods", other))["spec"]["nodeName"] == (
+        f"{cluster.pool}-gpu"
+    )
+    cluster.release_gpus()
+    await until(
+        lambda: cluster.api.get(core(other_ns, "pods", other)) is None,
+        60,
+        "the other team's pod to be gone",
+        cluster,
+    )
+
+    # When the restarter has looked many times over (every 0.5 s, for 4 s)
+    await asyncio.sleep(4)
+
+    # Then it brought nothing back: no pod, still paused
+    assert kernel_pods.kernel_pods() == []
+    _, record = await server.call("GET", "sessions", NOTEBOOK)
+    assert record["state"] == "paused", record
+
+    # When the notebook is resumed, a GPU being free
+    code, _ = await server.call("POST", "resume", NOTEBOOK)
+    assert code == 202
+    ready = await server.wait_state(NOTEBOOK, "ready", "partial", "failed", "paused")
+
+    # Then the same kernel runs again in a new pod, its variables restored from the files
+    assert ready["state"] == "ready" and ready["how"] == "files", ready
+    assert ready["kernel_id"] == kernel_id
+    assert ready["restore"]["restored"] == ["step", "weights"]
+    (again,) = kernel_pods.kernel_pods()
+    assert again["metadata"]["labels"]["kernel_id"] == kernel_id
+    assert again["metadata"]["uid"] != pod["metadata"]["uid"]
+    assert await kernel_ids(server) == [kernel_id]
+    # and the kernel answers code, the pod's own process, with what it held
+    out = await server.run(kernel_id, "import os\nprint(sum(weights), step, os.getpid())")
+    total, step, pid = out.split()
+    played = cluster.pods[again["metadata"]["uid"]].container
+    assert (total, step, int(pid)) == ("4.0", "41", played.process.pid)
+    # and the open tab heard "restarting" (JupyterLab then opens a new websocket), and its new
+    # websocket reaches the new pod
+    assert "restarting" in await statuses_until(tab, "restarting")
+    tab.close()
+    tab = await jp_ws_fetch("api", "kernels", kernel_id, "channels", params={"session_id": "tab"})
+    assert await execute_over(tab, "print(step + 1)") == "42\n"
+    tab.close()
+
+
+async def test_a_resume_waits_for_a_gpu_with_the_schedulers_reason_and_is_joined_or_cancelled(
+    pod_server: Server, kernel_pods: KernelPods
+) -> None:
+    server = pod_server
+    cluster = kernel_pods.cluster
+
+    # Given a paused GPU notebook, and another team's pod holding the only GPU
+    kernel_id, _ = await a_paused_gpu_notebook(server, kernel_pods)
+    await other_team_holds_the_gpu(kernel_pods)
+
+    # When it is resumed
+    code, _ = await server.call("POST", "resume", NOTEBOOK)
+    assert code == 202
+
+    # Then it waits for resources, saying the scheduler's reason and its place
+    waiting = await server.wait_state(NOTEBOOK, "waiting-for-resources", timeout=60)
+    assert "Insufficient nvidia.com/gpu" in waiting["message"], waiting
+    assert "resume 1 of 1 waiting on this server" in waiting["message"], waiting
+    assert waiting["queue_position"] == 1
+    (pending,) = kernel_pods.kernel_pods()
+    assert pending["status"]["phase"] == "Pending" and not scheduled(pending)
+
+    # When the resume is cancelled
+    code, record = await server.call("POST", "cancel", NOTEBOOK)
+
+    # Then the pending pod is deleted and the session is paused, its checkpoint intact
+    assert code == 200 and record["state"] == "paused", record
+    assert "Resume cancelled" in record["message"] and "is intact" in record["message"]
+    await until(lambda: kernel_pods.kernel_pods() == [], 60, "no kernel pod", cluster)
+    assert record["kernel_id"] == kernel_id and kernel_id in await kernel_ids(server)
+    # and nothing is left to cancel
+    status, message = await server.error("POST", "cancel", NOTEBOOK)
+    assert status == 409 and "no resume waits for resources" in message
+
+    # When it is resumed twice (two tabs), the GPU still taken
+    for _ in range(2):
+        code, record = await server.call("POST", "resume", NOTEBOOK)
+        assert code == 202, record
+    await server.wait_state(NOTEBOOK, "waiting-for-resources", timeout=60)
+
+    # Then it waits three times longer than the launch timeout, with one pending pod
+    await asyncio.sleep(3 * LAUNCH_TIMEOUT)
+    _, record = await server.call("GET", "sessions", NOTEBOOK)
+    assert record["state"] == "waiting-for-resources", record
+    assert "Insufficient nvidia.com/gpu" in record["message"], record
+    assert len(kernel_pods.kernel_pods()) == 1
+    _, status = await server.call("GET", "status")
+    assert status["resources"]["queue"] == [NOTEBOOK], status
+
+    # When the other team's pod goes
+    cluster.release_gpus()
+
+    # Then the one resume completes: the same kernel, from files, in one pod
+    ready = await server.wait_state(NOTEBOOK, "ready", "partial", "failed", "paused")
+    assert ready["state"] == "ready" and ready["how"] == "files", ready
+    assert ready["kernel_id"] == kernel_id
+    (pod,) = kernel_pods.kernel_pods()
+    assert pod["metadata"]["labels"]["kernel_id"] == kernel_id
+    assert pod["spec"]["nodeName"] == f"{cluster.pool}-gpu"
+    assert await server.run(kernel_id, "print(sum(weights) + step)") == "45.0\n"
+    _, timeline = await server.call("GET", "timeline", NOTEBOOK)
+    kinds = [e["kind"] for e in timeline["events"]]
+    assert kinds.count("resume_requested") == 2 and kinds.count("state_restored") == 1
+
+
+async def test_a_resume_the_cluster_refuses_says_why_and_leaves_the_session_paused(
+    pod_server: Server, kernel_pods: KernelPods
+) -> None:
+    server = pod_server
+    cluster = kernel_pods.cluster
+    # Given a paused GPU notebook
+    kernel_id, _ = await a_paused_gpu_notebook(server, kernel_pods)
+    # and the server's account no longer allowed to manage pods (its RoleBinding removed)
+    rbac = "rbac.authorization.k8s.io/v1"
+    path = f"/apis/{rbac}/namespaces/{kernel_pods.namespace}/rolebindings"
+    cluster.api.delete(f"{path}/jupyter-pause-kernel-pods")
+
+    # When it is resumed
+    code, _ = await server.call("POST", "resume", NOTEBOOK)
+    assert code == 202
+    record = await server.wait_state(NOTEBOOK, "paused", "failed", "ready", timeout=120)
+
+    # Then the session is paused again, saying what the cluster refused and what to do
+    assert record["state"] == "paused", record
+    assert "Resume failed" in record["message"], record
+    assert "403" in record["error"]["what"] and "rbac.yaml" in record["error"]["what"], record
+    assert "is intact" in record["error"]["recovery"], record
+    assert "Traceback" not in json.dumps(record)
+    assert record["kernel_id"] == kernel_id and kernel_pods.kernel_pods() == []
+    _, listing = await server.call("GET", "checkpoints", NOTEBOOK)
+    assert [c["id"] for c in listing["checkpoints"]] == [record["checkpoint"]["id"]]
+
+
+async def test_a_pause_while_the_api_server_is_unreachable_says_so_and_the_kernel_runs_on(
+    pod_server: Server, kernel_pods: KernelPods
+) -> None:
+    from kubernetes import client
+
+    server = pod_server
+    # Given a GPU notebook holding variables
+    kernel_id = await open_gpu_notebook(server)
+    await server.run(kernel_id, "weights = [1.5, 2.5]\nstep = 41")
+    await server.watched(NOTEBOOK)
+    # and the server's way to the API server broken (nothing listens where it points now)
+    working = client.Configuration.get_default_copy()
+    broken = client.Configuration.get_default_copy()
+    broken.host = "https://127.0.0.1:9"
+    client.Configuration.set_default(broken)
+    try:
+        # When it is paused
+        code, _ = await server.call("POST", "pause", NOTEBOOK)
+        assert code == 202
+        record = await server.wait_state(NOTEBOOK, "active", "paused")
+    finally:
+        client.Configuration.set_default(working)
+
+    # Then the pause failed saying why, in words, and the session runs on, its checkpoint taken
+    assert record["state"] == "active", record
+    assert "the API server did not answer" in record["error"]["what"], record
+    assert "Nothing was lost" in record["error"]["recovery"], record
+    assert "Traceback" not in json.dumps(record)
+    assert record["kernel_id"] == kernel_id and record["checkpoint"]["id"] == 1
+    (pod,) = kernel_pods.kernel_pods()
+    assert pod["metadata"]["labels"]["kernel_id"] == kernel_id
+    assert await server.run(kernel_id, "print(sum(weights) + step)") == "45.0\n"
+
+
+async def test_a_paused_notebook_whose_kernel_was_shut_down_resumes_in_a_new_kernel_pod(
+    pod_server: Server, kernel_pods: KernelPods
+) -> None:
+    server = pod_server
+    cluster = kernel_pods.cluster
+    # Given a paused GPU notebook whose kernel was then shut down (culled, or the server
+    # restarted: jupyter-server no longer has it)
+    kernel_id, _ = await a_paused_gpu_notebook(server, kernel_pods)
+    await server.fetch("api", "kernels", kernel_id, method="DELETE")
+    record = await server.wait_for(NOTEBOOK, lambda r: r["kernel_id"] is None)
+    assert record["state"] == "paused", record
+    # and another team's pod holding the only GPU
+    await other_team_holds_the_gpu(kernel_pods)
+
+    # When it is resumed
+    code, _ = await server.call("POST", "resume", NOTEBOOK)
+    assert code == 202
+
+    # Then a new kernel pod waits, saying the scheduler's reason
+    waiting = await server.wait_state(NOTEBOOK, "waiting-for-resources", timeout=60)
+    assert "Insufficient nvidia.com/gpu" in waiting["message"], waiting
+    (pending,) = kernel_pods.kernel_pods()
+    assert pending["metadata"]["labels"]["kernel_id"] != kernel_id
+
+    # When the GPU frees, then the new kernel is the notebook's, restored from files
+    cluster.release_gpus()
+    ready = await server.wait_state(NOTEBOOK, "ready", "partial", "failed", "paused")
+    assert ready["state"] == "ready" and ready["how"] == "files", ready
+    assert ready["kernel_id"] == pending["metadata"]["labels"]["kernel_id"]
+    assert await kernel_ids(server) == [ready["kernel_id"]]
+    assert await server.run(ready["kernel_id"], "print(sum(weights) + step)") == "45.0\n"
