@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import IO, Any
 
 import urllib3
@@ -62,19 +63,22 @@ except Exception as no_config:  # k8s.py loads the cluster's config when importe
 PROVISIONER_NAME = "jupyter-pause-kernel-pod"
 
 
-def pending_reason(namespace: str, kernel_id: str) -> str | None:
-    """The scheduler's reason while the pod of kernel ``kernel_id`` waits for a node; None when
-    it does not wait, or cannot be read (the launch itself then says what went wrong)."""
+def pod_placement(namespace: str, kernel_id: str) -> tuple[bool, str | None]:
+    """Whether the pod of kernel ``kernel_id`` has a node, and the scheduler's reason while it
+    waits for one; (False, None) when there is no pod yet, or it cannot be read (the launch
+    itself then says what went wrong)."""
     selector = f"kernel_id={kernel_id},component=kernel"
     try:
         pods = client.CoreV1Api().list_namespaced_pod(namespace, label_selector=selector).items
     except (ApiException, urllib3.exceptions.HTTPError, OSError):
-        return None
+        return False, None
     for pod in pods:
+        if pod.metadata.deletion_timestamp is None and pod.spec.node_name:
+            return True, None
         reason = unschedulable_reason(client.ApiClient().sanitize_for_serialization(pod))
         if reason:
-            return reason
-    return None
+            return False, reason
+    return False, None
 
 
 class KernelPodProvisioner(KubernetesProvisioner):
@@ -100,6 +104,9 @@ class KernelPodProvisioner(KubernetesProvisioner):
         #: While a launch waits for the scheduler: its message, e.g. "0/2 nodes are available:
         #: 2 Insufficient nvidia.com/gpu."; None otherwise.
         self.waiting_reason: str | None = None
+        #: Called (from the launch) once the launching pod has a node: the kernel-pod backend
+        #: then lets the next resume in its line create its pod.
+        self.on_placed: Callable[[], None] | None = None
         self._launcher_stderr: IO[bytes] | None = None
 
     # -- launch -----------------------------------------------------------------------------------
@@ -174,6 +181,8 @@ class KernelPodProvisioner(KubernetesProvisioner):
             self.assigned_ip = pod.status.pod_ip
             self.assigned_host = self.container_name
             self.assigned_node_ip = pod.status.host_ip
+        if pod.spec.node_name and self.on_placed is not None:
+            self.on_placed()
         reason = unschedulable_reason(client.ApiClient().sanitize_for_serialization(pod))
         if reason != self.waiting_reason:
             if reason:

@@ -38,7 +38,7 @@ from .base import (
     StopOutcome,
 )
 from .kernel_pod import KernelPodError
-from .kernel_pod_provisioner import PROVISIONER_NAME, KernelPodProvisioner, pending_reason
+from .kernel_pod_provisioner import PROVISIONER_NAME, KernelPodProvisioner, pod_placement
 from .kernels import running_kernel, start_kernel
 
 log = logging.getLogger(__name__)
@@ -56,8 +56,9 @@ class KernelPodBackend(Backend):
         self.session_manager = session_manager
         self.poll_seconds = poll_seconds
         self._resumes: dict[str, asyncio.Task[None]] = {}  # kernel id -> its new pod's launch
-        # Resumes waiting for the scheduler, first asked first: kernel id -> notebook path.
-        self._waiting: dict[str, str] = {}
+        # Resumes whose pod has no node yet, first asked first: kernel id -> notebook path.
+        self._line: dict[str, str] = {}
+        self._line_moved = asyncio.Event()  # set (and replaced) each time one leaves the line
 
     def provisioner(self, kernel_id: str | None) -> KernelPodProvisioner | None:
         """The kernel's provisioner when it is a kernel pod known to jupyter-server."""
@@ -86,8 +87,9 @@ class KernelPodBackend(Backend):
 
     # -- resume -----------------------------------------------------------------------------------
     async def request_resources(self, session: SessionSpec, on_queued: QueueCallback) -> Allocation:
-        """For a paused kernel pod: its new pod, scheduled and running (the scheduler is the
-        queue); ``on_queued`` hears the scheduler's reason while the pod waits for a node."""
+        """For a paused kernel pod: its new pod, scheduled and running (the scheduler places it,
+        this server's line orders the resumes); ``on_queued`` hears the place in the line and the
+        scheduler's reason while the resume waits."""
         kernel_id = session.kernel_id
         provisioner = self.provisioner(kernel_id)
         if kernel_id is None or provisioner is None:
@@ -96,14 +98,13 @@ class KernelPodBackend(Backend):
         if launch is None:
             if not provisioner.paused:
                 return Allocation(granted_at=time.time())
-            launch = asyncio.create_task(self._launch(kernel_id))
-            self._resumes[kernel_id] = launch
-            launch.add_done_callback(lambda _: self._resumes.pop(kernel_id, None))
+            launch = self._join_line(kernel_id, session.path, lambda: self._restart(kernel_id))
 
-        async def reason() -> str | None:
-            return provisioner.waiting_reason
+        async def look() -> tuple[bool, str | None]:
+            placed = kernel_id not in self._line
+            return placed, provisioner.waiting_reason
 
-        await self._follow(kernel_id, session.path, launch, reason, on_queued)
+        await self._follow(kernel_id, launch, look, on_queued)
         return Allocation(
             granted_at=time.time(), details={"kernel_pod": provisioner.container_name}
         )
@@ -111,55 +112,84 @@ class KernelPodBackend(Backend):
     async def _new_kernel_pod(self, session: SessionSpec, on_queued: QueueCallback) -> Allocation:
         """A paused notebook whose kernel the server no longer has (the server restarted, the
         kernel was shut down or culled): for a kernel-pods kernelspec a new kernel, whose pod
-        is waited for the same way (its reason read from the API server, in the namespace of
+        is waited for the same way (read from the API server, in the namespace of
         ``KERNEL_NAMESPACE``); a restore then fills it from files."""
         running = await running_kernel(self.kernel_manager, self.session_manager, session.path)
         if running is not None or not self._kernel_pod_spec(session.kernel_name):
             return Allocation(granted_at=time.time())
         kernel_id = str(uuid.uuid4())
         namespace = os.environ.get("KERNEL_NAMESPACE")
-        launch = asyncio.create_task(self._start(session, kernel_id))
+        launch = self._join_line(kernel_id, session.path, lambda: self._start(session, kernel_id))
 
-        async def reason() -> str | None:
-            if not namespace:
-                return None
-            return await asyncio.to_thread(pending_reason, namespace, kernel_id)
+        async def look() -> tuple[bool, str | None]:
+            if not namespace or kernel_id not in self._line:
+                return True, None
+            placed, reason = await asyncio.to_thread(pod_placement, namespace, kernel_id)
+            if placed:
+                self._leave_line(kernel_id)
+            return placed, reason
 
-        await self._follow(kernel_id, session.path, launch, reason, on_queued)
+        await self._follow(kernel_id, launch, look, on_queued)
         return Allocation(granted_at=time.time(), details={"kernel_id": kernel_id})
+
+    def _join_line(
+        self, kernel_id: str, path: str, start: Callable[[], Awaitable[None]]
+    ) -> asyncio.Task[None]:
+        """The resume of ``kernel_id`` takes the last place in this server's line; its launch
+        (``start``) begins when every resume before it has its pod on a node, so the scheduler
+        hands GPUs out in request order (it orders pods that wait by its own backoff, not by
+        when they were asked for), and a pod that waits is the one next in line."""
+        self._line[kernel_id] = path
+
+        async def launch() -> None:
+            try:
+                while next(iter(self._line)) != kernel_id:
+                    await self._line_moved.wait()
+                await start()
+            finally:
+                self._leave_line(kernel_id)
+
+        task = asyncio.create_task(launch())
+        self._resumes[kernel_id] = task
+        task.add_done_callback(lambda _: self._resumes.pop(kernel_id, None))
+        return task
+
+    def _leave_line(self, kernel_id: str) -> None:
+        """``kernel_id``'s pod has a node (or its launch ended): the next resume goes on."""
+        if self._line.pop(kernel_id, None) is not None:
+            self._line_moved.set()
+            self._line_moved = asyncio.Event()
 
     async def _follow(
         self,
         kernel_id: str,
-        path: str,
         launch: asyncio.Task[None],
-        reason: Callable[[], Awaitable[str | None]],
+        look: Callable[[], Awaitable[tuple[bool, str | None]]],
         on_queued: QueueCallback,
     ) -> None:
-        """Wait for ``launch``, telling ``on_queued`` the scheduler's reason and the place among
-        this server's resumes waiting; a cancelled wait cancels the launch (its pod deleted)."""
+        """Wait for ``launch``, telling ``on_queued`` the place in this server's line and the
+        scheduler's reason while the pod waits for a node; a cancelled wait cancels the launch
+        (its pod deleted, if it had one)."""
         told = None
         try:
             while not launch.done():
-                why = await reason()
-                if why:
-                    self._waiting.setdefault(kernel_id, path)
-                    place = list(self._waiting).index(kernel_id) + 1
-                    text = _waiting_text(why, place, len(self._waiting))
-                    if text != told:
-                        on_queued(place, text)
-                        told = text
-                else:
-                    self._waiting.pop(kernel_id, None)
-                await asyncio.wait({launch}, timeout=self.poll_seconds)
+                placed, why = await look()
+                if not placed and kernel_id in self._line:
+                    place = list(self._line).index(kernel_id) + 1
+                    if place > 1 or why:
+                        text = _waiting_text(place, why)
+                        if text != told:
+                            on_queued(place, text)
+                            told = text
+                moved = asyncio.ensure_future(self._line_moved.wait())
+                await asyncio.wait({launch, moved}, timeout=self.poll_seconds)
+                moved.cancel()
         except asyncio.CancelledError:
             # The resume was cancelled: so is the launch, whose pod is deleted (still paused).
             launch.cancel()
             with contextlib.suppress(BaseException):
                 await launch
             raise
-        finally:
-            self._waiting.pop(kernel_id, None)
         launch.result()  # StillPaused, with why
 
     def _kernel_pod_spec(self, kernel_name: str) -> bool:
@@ -179,8 +209,11 @@ class KernelPodBackend(Backend):
         except BackendError as err:
             raise StillPaused(str(err)) from None
 
-    async def _launch(self, kernel_id: str) -> None:
+    async def _restart(self, kernel_id: str) -> None:
         """jupyter-server's restart of the paused kernel: a new pod under its id."""
+        provisioner = self.provisioner(kernel_id)
+        if provisioner is not None:
+            provisioner.on_placed = lambda: self._leave_line(kernel_id)
         try:
             # Returns once the new pod's kernel sent its connection info. Its kernel_info
             # future is not awaited: on a restart that changes the ports (a new pod always
@@ -192,6 +225,9 @@ class KernelPodBackend(Backend):
             raise StillPaused(str(err)) from None
         except Exception as err:  # the launcher's or the kernel's failure, as jupyter says it
             raise StillPaused(f"the kernel pod could not be started again: {err}") from None
+        finally:
+            if provisioner is not None:
+                provisioner.on_placed = None
 
     def _tell_connections(self, kernel_id: str) -> None:
         """The open notebooks' websockets hear "restarting", as after jupyter's own automatic
@@ -222,12 +258,26 @@ class KernelPodBackend(Backend):
             backend=self.name,
             gpus_total=0,  # the cluster's, which the scheduler hands out
             gpus_free=0,
-            queue=list(self._waiting.values()),
+            queue=list(self._line.values()),
             details={"scheduler": "the cluster's kube-scheduler places each kernel pod"},
         )
 
 
-def _waiting_text(reason: str, place: int, waiting: int) -> str:
-    """``the scheduler says: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu. (resume
-    1 of 2 waiting on this server)``"""
-    return f"the scheduler says: {reason} (resume {place} of {waiting} waiting on this server)"
+def ordinal(place: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``4th``, ``11th``, ``22nd``."""
+    suffix = "th" if 10 <= place % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(place % 10, "th")
+    return f"{place}{suffix}"
+
+
+def _waiting_text(place: int, reason: str | None) -> str:
+    """``2nd in line; 1 resume on this server gets a GPU first`` or ``1st in line; the scheduler
+    says: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu.`` (the notebook's chip shows
+    the part before the first ``;``: "Waiting for GPU (2nd in line)")."""
+    parts = [f"{ordinal(place)} in line"]
+    if place > 1:
+        ahead = place - 1
+        parts.append(f"{ahead} resume{'s' if ahead > 1 else ''} on this server "
+                     f"get{'' if ahead > 1 else 's'} a GPU first")  # fmt: skip
+    if reason:
+        parts.append(f"the scheduler says: {reason}")
+    return "; ".join(parts)

@@ -277,6 +277,17 @@ describe('sessionView', () => {
     expect(view.busy).toBe(true);
   });
 
+  it('waiting for a kernel pod: its place in the line, the scheduler in the tooltip', () => {
+    const message =
+      'Waiting for a GPU: 2nd in line; 1 resume on this server gets a GPU first; ' +
+      'the scheduler says: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu.';
+    const view = sessionView(
+      session({ state: 'waiting-for-resources', message, queue_position: 2 })
+    );
+    expect(view.label).toBe('Waiting for GPU (2nd in line)');
+    expect(view.tooltip).toBe(message);
+  });
+
   it('waiting for resources without a message: the queue position', () => {
     expect(
       sessionView(

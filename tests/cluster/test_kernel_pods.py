@@ -203,3 +203,14 @@ def test_the_shipped_rbac_lets_the_servers_account_manage_pods_in_its_namespace_
     # Then it may create, delete, get, list and watch pods in its own namespace, nothing else
     wanted = {(namespace, "pods", v) for v in ("create", "delete", "get", "list", "watch")}
     assert allowed == wanted, allowed ^ wanted
+
+
+@pytest.mark.parametrize(
+    ("place", "written"),
+    [(1, "1st"), (2, "2nd"), (3, "3rd"), (4, "4th"), (11, "11th"), (12, "12th"), (13, "13th"),
+     (21, "21st"), (22, "22nd"), (101, "101st"), (111, "111th")],
+)  # fmt: skip
+def test_a_place_in_line_is_written_as_an_ordinal(place: int, written: str) -> None:
+    from jupyter_pause.backends.kernel_pods import ordinal
+
+    assert ordinal(place) == written

@@ -51,11 +51,11 @@ def pod_server(server: Server, kernel_pods: KernelPods, jp_asyncio_loop: Any) ->
     jp_asyncio_loop.run_until_complete(server.app.kernel_manager.shutdown_all(now=True))
 
 
-async def open_gpu_notebook(server: Server) -> str:
+async def open_gpu_notebook(server: Server, path: str = NOTEBOOK) -> str:
     """What JupyterLab does when the notebook opens with the GPU kernel: its kernel id."""
     body = {
-        "path": NOTEBOOK,
-        "name": NOTEBOOK,
+        "path": path,
+        "name": path,
         "type": "notebook",
         "kernel": {"name": KERNEL_NAME},
     }
@@ -244,7 +244,7 @@ async def test_a_resume_waits_for_a_gpu_with_the_schedulers_reason_and_is_joined
     # Then it waits for resources, saying the scheduler's reason and its place
     waiting = await server.wait_state(NOTEBOOK, "waiting-for-resources", timeout=60)
     assert "Insufficient nvidia.com/gpu" in waiting["message"], waiting
-    assert "resume 1 of 1 waiting on this server" in waiting["message"], waiting
+    assert "1st in line; the scheduler says: 0/" in waiting["message"], waiting
     assert waiting["queue_position"] == 1
     (pending,) = kernel_pods.kernel_pods()
     assert pending["status"]["phase"] == "Pending" and not scheduled(pending)
@@ -385,3 +385,88 @@ async def test_a_paused_notebook_whose_kernel_was_shut_down_resumes_in_a_new_ker
     assert ready["kernel_id"] == pending["metadata"]["labels"]["kernel_id"]
     assert await kernel_ids(server) == [ready["kernel_id"]]
     assert await server.run(ready["kernel_id"], "print(sum(weights) + step)") == "45.0\n"
+
+
+async def test_a_morning_rush_is_served_in_request_order_each_showing_its_place(
+    pod_server: Server, kernel_pods: KernelPods
+) -> None:
+    server = pod_server
+    cluster = kernel_pods.cluster
+    cluster.node("gpu-b", gpus=2)  # with the fixture's node: 3 GPUs
+
+    # Given three paused GPU notebooks, each kernel pod on a GPU of its own at first
+    notebooks = ["a.ipynb", "b.ipynb", "c.ipynb"]
+    kernels = {}
+    for path in notebooks:
+        kernels[path] = await open_gpu_notebook(server, path)
+        await server.run(kernels[path], f"who = {path!r}")
+        await server.watched(path)
+    for path in notebooks:
+        code, record = await server.call("POST", "pause", path)
+        assert code == 202, record
+        paused = await server.wait_state(path, "paused", "active")
+        assert paused["state"] == "paused", paused
+    assert kernel_pods.kernel_pods() == []
+    # and another team's pods on two of the three GPUs
+    cluster.block_gpus(2)
+    await until(
+        lambda: (
+            len(cluster.api.list(core(f"{kernel_pods.namespace}-other-team", "pods"))) == 2
+            and all(
+                scheduled(p)
+                for p in cluster.api.list(core(f"{kernel_pods.namespace}-other-team", "pods"))
+            )
+        ),
+        60,
+        "the other team's pods on two GPUs",
+        cluster,
+    )
+
+    # When all three are resumed, a first, then b, then c
+    for path in notebooks:
+        code, record = await server.call("POST", "resume", path)
+        assert code == 202, record
+
+    # Then a gets the free GPU; b waits first in line with the scheduler's reason, c second
+    # in line with no pod of its own yet (the next GPU freed goes to b's pod)
+    ready = await server.wait_state("a.ipynb", "ready", "partial", "failed", "paused")
+    assert ready["state"] == "ready" and ready["how"] == "files", ready
+    b = await server.wait_for(
+        "b.ipynb", lambda r: "Insufficient nvidia.com/gpu" in (r["message"] or "")
+    )
+    assert b["state"] == "waiting-for-resources" and b["queue_position"] == 1, b
+    assert "1st in line; the scheduler says:" in b["message"], b
+    c = await server.wait_for("c.ipynb", lambda r: r["queue_position"] == 2)
+    assert c["state"] == "waiting-for-resources", c
+    assert "2nd in line; 1 resume on this server gets a GPU first" in c["message"], c
+    pods = {p["metadata"]["labels"]["kernel_id"]: p for p in kernel_pods.kernel_pods()}
+    assert set(pods) == {kernels["a.ipynb"], kernels["b.ipynb"]}, pods
+    assert not scheduled(pods[kernels["b.ipynb"]])
+    _, status = await server.call("GET", "status")
+    assert status["resources"]["queue"] == ["b.ipynb", "c.ipynb"], status
+
+    # When a pauses again
+    code, record = await server.call("POST", "pause", "a.ipynb")
+    assert code == 202, record
+
+    # Then its GPU goes to b, and c is first in line, its pod waiting for the scheduler
+    ready = await server.wait_state("b.ipynb", "ready", "partial", "failed", "paused")
+    assert ready["state"] == "ready" and ready["how"] == "files", ready
+    c = await server.wait_for(
+        "c.ipynb", lambda r: "Insufficient nvidia.com/gpu" in (r["message"] or "")
+    )
+    assert c["queue_position"] == 1 and "1st in line" in c["message"], c
+
+    # When the other team's pods go
+    cluster.release_gpus()
+
+    # Then c is ready; each notebook was restored once, into its own kernel and one pod
+    ready = await server.wait_state("c.ipynb", "ready", "partial", "failed", "paused")
+    assert ready["state"] == "ready" and ready["how"] == "files", ready
+    for path in ("b.ipynb", "c.ipynb"):
+        assert await server.run(kernels[path], "print(who)") == f"{path}\n"
+        _, timeline = await server.call("GET", "timeline", path)
+        kinds = [e["kind"] for e in timeline["events"]]
+        assert kinds.count("state_restored") == 1, kinds
+    pods = [p["metadata"]["labels"]["kernel_id"] for p in kernel_pods.kernel_pods()]
+    assert sorted(pods) == sorted([kernels["b.ipynb"], kernels["c.ipynb"]]), pods
