@@ -60,13 +60,13 @@ class RemoteServer:
             assert time.monotonic() < deadline, f"{path} stuck in {record['state']}: {record}"
             time.sleep(0.1)
 
-    def open_notebook(self, path: str) -> str:
+    def open_notebook(self, path: str, kernel_name: str = "python3") -> str:
         """What JupyterLab does when a notebook opens: a session with a kernel."""
         body = {
             "path": path,
             "name": path.rsplit("/", 1)[-1],
             "type": "notebook",
-            "kernel": {"name": "python3"},
+            "kernel": {"name": kernel_name},
         }
         code, model = self.request("POST", "/api/sessions", body)
         assert code == 201, (code, model)

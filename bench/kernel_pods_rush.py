@@ -1,0 +1,242 @@
+"""The morning rush on the kernel-pod backend: N paused GPU notebooks resumed at once on K < N GPUs.
+
+The cluster is ``tests/cluster``'s: a real etcd, kube-apiserver, kube-controller-manager and
+kube-scheduler, this machine playing the kubelet (a kernel pod the scheduler puts on a node
+becomes a real ipykernel process here, launched by the kernel image's command). The server is a
+real ``jupyter_server`` process with ``c.PauseApp.backend = "kernel-pod"``, the shipped
+``deploy/kernel-pods/`` kernelspec and RBAC, in a namespace of its own each round, on one node
+of ``--gpus`` GPUs.
+
+Each round: ``--notebooks`` notebooks are opened (each kernel a pod on a GPU), given a value,
+and paused one after the other; then all are resumed at once, in the order a, b, c, ... (one
+``POST resume`` each, as users pressing Resume). Each notebook, once ready, works ``--work``
+seconds and pauses again, which frees its GPU for the next in line. Measured from the user's
+side, polling the server's REST API and the API server every 0.1 s:
+
+* time to ready of each place in the request order (from its ``POST resume``); the ratio
+  column against the first place's (a resume that found a GPU free, in the same round);
+* whether the notebooks were served in request order, and how many pods each resume made;
+* GPU idle while someone waits: GPU-seconds with a GPU free (no kernel pod on it) while a
+  resume waits without a pod on a node, summed over the round.
+
+The rounds run one after another (one method: the order of the methods cannot be rotated);
+the table gives medians (ranges) over the rounds.
+
+    python bench/kernel_pods_rush.py --notebooks 4 --gpus 2 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.cluster.control_plane import ControlPlane, apiserver_binary, kube_binary  # noqa: E402
+from tests.cluster.deploy_manifests import service_account_token  # noqa: E402
+from tests.cluster.notebooks import RemoteServer  # noqa: E402
+from tests.cluster.real_players import (  # noqa: E402
+    POOL_LABEL,
+    RealPlayedCluster,
+    core,
+    real_played_cluster,
+)
+from tests.server_process import free_port, server_config, spawn_server, wait_serving  # noqa: E402
+
+KERNEL_PODS = ROOT / "deploy" / "kernel-pods"
+KERNEL_NAME = "python-gpu-pod"
+ACCOUNT = "jupyter-server"
+WAITING = ("resuming", "waiting-for-resources")
+
+
+def start_server(chain: RealPlayedCluster, folder: Path) -> tuple[subprocess.Popen, RemoteServer]:
+    """The server's account with the shipped RBAC, the shipped kernelspec, and a jupyter server
+    on the kernel-pod backend using them (as ``tests/cluster/kernel_pod_fixtures.py`` sets up)."""
+    plane = chain.plane
+    chain.api.create(core(chain.namespace, "serviceaccounts"), {"metadata": {"name": ACCOUNT}})
+    plane.apply_file(KERNEL_PODS / "rbac.yaml", NAMESPACE=chain.namespace, SERVICE_ACCOUNT=ACCOUNT)
+    token = service_account_token(plane, chain.namespace, ACCOUNT)
+    kubeconfig = plane.credentials(token).kubeconfig(folder / "server.kubeconfig", chain.namespace)
+    kernels = folder / "jupyter" / "kernels"
+    subprocess.run(
+        ["sh", str(KERNEL_PODS / "install-kernelspec.sh"), str(kernels)],
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        check=True,
+    )
+    root = folder / "notebooks"
+    root.mkdir()
+    port, secret = free_port(), secrets.token_hex(16)
+    config = folder / "jupyter_server_config.py"
+    config.write_text(
+        "c.ServerApp.jpserver_extensions = {'jupyter_pause': True}\n"
+        + server_config(port, secret, root)
+        + f"c.PauseApp.store_root = {str(folder / 'store')!r}\n"
+        "c.PauseApp.backend = 'kernel-pod'\n"
+        "c.PauseApp.busy_wait_seconds = 1.0\n"
+        "c.PauseApp.monitor_interval_seconds = 3600.0\n"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("JUPYTER", "KUBE", "KERNEL_", "GP_"))
+    }
+    env.update(
+        JUPYTER_PATH=str(folder / "jupyter"),
+        JUPYTER_RUNTIME_DIR=str(folder / "runtime"),
+        JUPYTER_CONFIG_DIR=str(folder),
+        KUBECONFIG=str(kubeconfig),
+        GP_USE_INCLUSTER_CONFIG="false",
+        KERNEL_USERNAME="alice",
+        KERNEL_NAMESPACE=chain.namespace,
+        KERNEL_NODE_SELECTOR=json.dumps({POOL_LABEL: chain.pool}),
+    )
+    log = folder / "server.log"
+    process = spawn_server(config, env, root, log)
+    server = RemoteServer(f"http://127.0.0.1:{port}", secret)
+    wait_serving(process, server.url, secret, log)
+    return process, server
+
+
+def call(server: RemoteServer, method: str, action: str, path: str) -> dict[str, Any]:
+    code, record = server.request(method, f"/jupyter-pause/{action}/{path}")
+    assert code in (200, 202), (action, path, code, record)
+    return record
+
+
+def rush(chain: RealPlayedCluster, server: RemoteServer, notebooks: int, gpus: int,
+         work: float) -> dict[str, Any]:  # fmt: skip
+    """One round's rush (see the module docstring): times to ready in request order, the order
+    served, pods per resume, GPU-seconds idle while someone waited."""
+    paths = [f"{chr(ord('a') + i)}.ipynb" for i in range(notebooks)]
+    kernels = {}
+    for path in paths:  # each opened, given a value and paused: one GPU at a time
+        kernels[path] = server.open_notebook(path, KERNEL_NAME)
+        server.run(kernels[path], f"who = {path!r}")
+        server.wait_state(path, "active")
+        call(server, "POST", "pause", path)
+        assert server.wait_state(path, "paused", "active")["state"] == "paused"
+    by_kernel = {kernel_id: path for path, kernel_id in kernels.items()}  # ids are kept
+    requested: dict[str, float] = {}
+    for path in paths:
+        call(server, "POST", "resume", path)
+        requested[path] = time.monotonic()
+    ready: dict[str, float] = {}
+    pods_seen: dict[str, set[str]] = {path: set() for path in paths}
+    paused_again: set[str] = set()
+    idle = 0.0
+    last = time.monotonic()
+    deadline = last + 600
+    while len(paused_again) < notebooks:
+        assert time.monotonic() < deadline, f"the rush did not end: ready {sorted(ready)}"
+        chain.check()
+        states = {path: server.session(path) for path in paths}
+        pods = chain.api.list(core(chain.namespace, "pods"), labelSelector="component=kernel")
+        placed = set()  # notebooks whose pod is on a node
+        for pod in pods:
+            path = by_kernel.get(pod["metadata"]["labels"]["kernel_id"])
+            if path is None:
+                continue
+            pods_seen[path].add(pod["metadata"]["uid"])
+            if pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp"):
+                placed.add(path)
+        now = time.monotonic()
+        on_gpus = sum(1 for p in pods if p["spec"].get("nodeName"))  # held until deleted
+        waiting = [p for p in paths if states[p]["state"] in WAITING and p not in placed]
+        idle += min(max(gpus - on_gpus, 0), len(waiting)) * (now - last)
+        last = now
+        for path in paths:
+            state = states[path]["state"]
+            if path not in ready and state in ("ready", "partial", "failed"):
+                assert state == "ready", states[path]
+                ready[path] = now
+            if path in ready and path not in paused_again and now - ready[path] >= work:
+                call(server, "POST", "pause", path)
+                paused_again.add(path)
+        time.sleep(0.1)
+    served = sorted(paths, key=lambda p: ready[p])
+    return {
+        "ready_s": [ready[p] - requested[p] for p in paths],
+        "in_order": served == paths,
+        "pods": [len(pods_seen[p]) for p in paths],
+        "idle_gpu_s": idle,
+    }
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def table(args: argparse.Namespace, rounds: list[dict[str, Any]]) -> str:
+    lines = [
+        f"Morning rush: {args.notebooks} notebooks resumed at once on {args.gpus} GPU(s), each "
+        f"working {args.work:g} s once ready; {len(rounds)} rounds, medians (ranges)",
+        "",
+        "| place | time to ready, s | vs 1st place | pods per resume |",
+        "|---|---|---|---|",
+    ]
+    for place in range(args.notebooks):
+        times = [r["ready_s"][place] for r in rounds]
+        ratios = [r["ready_s"][place] / r["ready_s"][0] for r in rounds]
+        pods = sorted({r["pods"][place] for r in rounds})
+        lines.append(
+            f"| {place + 1} | {spread(times)} | {spread(ratios)}x | {', '.join(map(str, pods))} |"
+        )
+    in_order = sum(r["in_order"] for r in rounds)
+    lines += [
+        "",
+        f"served in request order: {in_order} of {len(rounds)} rounds",
+        f"GPU idle while someone waited: {spread([r['idle_gpu_s'] for r in rounds])} GPU-s",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--notebooks", type=int, default=4)
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--work", type=float, default=3.0, help="s each works once ready")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    assert args.gpus < args.notebooks, "a rush needs fewer GPUs than notebooks"
+    rounds: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="jp-bench-") as tmp:
+        folder = Path(tmp)
+        (folder / "control-plane").mkdir()
+        plane = ControlPlane(
+            folder / "control-plane",
+            apiserver_binary(),
+            controller_manager=kube_binary("kube-controller-manager"),
+            scheduler=kube_binary("kube-scheduler"),
+        )
+        try:
+            plane.start()
+            for number in range(args.rounds):
+                place = folder / f"round-{number}"
+                with real_played_cluster(plane, place) as chain:
+                    chain.node("gpu", gpus=args.gpus)
+                    process, server = start_server(chain, place)
+                    try:
+                        row = rush(chain, server, args.notebooks, args.gpus, args.work)
+                    finally:
+                        process.terminate()
+                        process.wait(60)
+                print(f"round {number + 1}: {row}", file=sys.stderr)
+                rounds.append(row)
+        finally:
+            plane.stop()
+    print(table(args, rounds))
+
+
+if __name__ == "__main__":
+    main()
