@@ -84,6 +84,11 @@ export interface IStatus {
    */
   backend: string;
   /**
+   * Whether a resume can bring a session back without its GPUs, from files
+   * (`resume(path, { onCpu: true })`).
+   */
+  restores_on_cpu?: boolean;
+  /**
    * Accelerators and the waiting queue.
    */
   resources?: IResources;
@@ -466,10 +471,26 @@ export class PauseClient {
    * Start resuming a notebook, or join the resume in flight.
    *
    * @param path Notebook path relative to the server root.
+   * @param options `onCpu`: from files into a kernel without a GPU, now (a
+   *   resume waiting for a GPU gives its place up).
    * @returns The session.
    */
-  resume(path: string): Promise<ISession> {
-    return this._request<ISession>(`resume/${encodePath(path)}`, 'POST');
+  resume(path: string, options: { onCpu?: boolean } = {}): Promise<ISession> {
+    return this._request<ISession>(
+      `resume/${encodePath(path)}`,
+      'POST',
+      options.onCpu ? { accelerators: 'none' } : undefined
+    );
+  }
+
+  /**
+   * Cancel a resume that waits for resources: the notebook stays paused.
+   *
+   * @param path Notebook path relative to the server root.
+   * @returns The session.
+   */
+  cancel(path: string): Promise<ISession> {
+    return this._request<ISession>(`cancel/${encodePath(path)}`, 'POST');
   }
 
   /**
@@ -514,8 +535,16 @@ export class PauseClient {
     await this._request<unknown>(`activity/${encodePath(path)}`, 'POST');
   }
 
-  private _request<T>(endPoint: string, method: string): Promise<T> {
-    return requestAPI<T>(endPoint, { method }, this._serverSettings);
+  private _request<T>(
+    endPoint: string,
+    method: string,
+    body?: Record<string, unknown>
+  ): Promise<T> {
+    const init: RequestInit = { method };
+    if (body !== undefined) {
+      init.body = JSON.stringify(body);
+    }
+    return requestAPI<T>(endPoint, init, this._serverSettings);
   }
 
   private _warnOnce(message: string): void {

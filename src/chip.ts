@@ -18,6 +18,14 @@ export interface IChipCommands {
    */
   accept: string;
   /**
+   * The command of the chip's restore-on-CPU button (while waiting for a GPU).
+   */
+  resumeOnCpu: string;
+  /**
+   * The command of the chip's cancel button (while waiting for a GPU).
+   */
+  cancel: string;
+  /**
    * The command run when the chip itself is clicked.
    */
   timeline: string;
@@ -67,17 +75,9 @@ export class PauseChip extends Widget {
     label.addEventListener('click', () => {
       void this._commands.execute(this._ids.timeline);
     });
-    this._button = document.createElement('button');
-    this._button.className = 'jp-JupyterPause-ChipAction';
-    this._button.type = 'button';
-    this._button.addEventListener('click', event => {
-      event.stopPropagation();
-      const action = this._model.view.action;
-      if (action) {
-        void this._commands.execute(this._ids[action.kind]);
-      }
-    });
-    this.node.append(dot, label, this._button);
+    this._buttons = document.createElement('span');
+    this._buttons.className = 'jp-JupyterPause-ChipActions';
+    this.node.append(dot, label, this._buttons);
     this._model.changed.connect(this._render, this);
     this._model.manager.changed.connect(this._render, this);
     this._render();
@@ -106,13 +106,27 @@ export class PauseChip extends Widget {
       )
     };
     renderChip(this.node, view);
-    if (view.action) {
-      this._button.textContent = view.action.label;
-      this._button.hidden = false;
-    } else {
-      this._button.hidden = true;
+    const shown = view.actions.map(a => `${a.kind}:${a.label}`).join('|');
+    if (shown === this._shownActions) {
+      return; // the same buttons: a rebuild would lose a click in progress
     }
+    this._shownActions = shown;
+    this._buttons.replaceChildren(
+      ...view.actions.map(action => {
+        const button = document.createElement('button');
+        button.className = 'jp-JupyterPause-ChipAction';
+        button.type = 'button';
+        button.dataset.action = action.kind;
+        button.textContent = action.label;
+        button.addEventListener('click', event => {
+          event.stopPropagation();
+          void this._commands.execute(this._ids[action.kind]);
+        });
+        return button;
+      })
+    );
   }
 
-  private _button: HTMLButtonElement;
+  private _buttons: HTMLSpanElement;
+  private _shownActions = '';
 }

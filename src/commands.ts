@@ -28,6 +28,14 @@ export const CommandIDs = {
    */
   resume: 'jupyter-pause:resume',
   /**
+   * While a resume waits for a GPU: restore from files on CPU now instead.
+   */
+  resumeOnCpu: 'jupyter-pause:resume-on-cpu',
+  /**
+   * Cancel a resume that waits for a GPU (the notebook stays paused).
+   */
+  cancelResume: 'jupyter-pause:cancel-resume',
+  /**
    * Carry on after an incomplete restore (retention may delete old checkpoints again).
    */
   accept: 'jupyter-pause:accept',
@@ -122,13 +130,13 @@ export function addCommands(
     }
   };
 
-  const resume = async (): Promise<void> => {
+  const resume = async (onCpu = false): Promise<void> => {
     const model = current();
     if (!model) {
       return;
     }
     try {
-      model.setSession(await manager.client.resume(model.path));
+      model.setSession(await manager.client.resume(model.path, { onCpu }));
     } catch (error) {
       Notification.error(trans.__('Cannot resume: %1', errorMessage(error)), {
         autoClose: 8000
@@ -154,7 +162,44 @@ export function addCommands(
     describedBy: noArgs,
     icon: resumeIcon,
     isEnabled: isEnabled(v => v.canResume),
-    execute: resume
+    execute: () => resume()
+  });
+
+  const waiting = isEnabled(v => v.state === 'waiting-for-resources');
+
+  commands.addCommand(CommandIDs.resumeOnCpu, {
+    label: trans.__('Restore on CPU Now'),
+    caption: caption(
+      trans.__(
+        'Stop waiting for a GPU: restore the saved state from files into a kernel without a GPU now (it gets one at its next pause and resume)'
+      )
+    ),
+    describedBy: noArgs,
+    isEnabled: () => waiting() && (manager.status?.restores_on_cpu ?? false),
+    execute: () => resume(true)
+  });
+
+  commands.addCommand(CommandIDs.cancelResume, {
+    label: trans.__('Cancel Resume'),
+    caption: caption(
+      trans.__('Stop waiting for a GPU; the notebook stays paused')
+    ),
+    describedBy: noArgs,
+    isEnabled: waiting,
+    execute: async () => {
+      const model = current();
+      if (!model) {
+        return;
+      }
+      try {
+        model.setSession(await manager.client.cancel(model.path));
+      } catch (error) {
+        Notification.error(trans.__('Cannot cancel: %1', errorMessage(error)), {
+          autoClose: 8000
+        });
+        await model.refresh();
+      }
+    }
   });
 
   commands.addCommand(CommandIDs.accept, {

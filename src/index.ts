@@ -132,6 +132,8 @@ const plugin: JupyterFrontEndPlugin<PauseManager> = {
           new PauseChip(manager.modelFor(panel), app.commands, {
             resume: CommandIDs.resume,
             accept: CommandIDs.accept,
+            resumeOnCpu: CommandIDs.resumeOnCpu,
+            cancel: CommandIDs.cancelResume,
             timeline: CommandIDs.timeline
           })
       );

@@ -245,7 +245,8 @@ export class NotebookPauseModel implements IDisposable {
       this._loaded || this.manager.server !== 'ok'
         ? this.manager.server
         : 'unknown',
-      this.manager.trans
+      this.manager.trans,
+      { restoresOnCpu: this.manager.status?.restores_on_cpu ?? false }
     );
   }
 

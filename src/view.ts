@@ -22,13 +22,25 @@ export type Tone = 'neutral' | 'info' | 'success' | 'warning' | 'error';
  */
 export interface IViewAction {
   /**
-   * What the action does: a resume, or accepting an incomplete restore.
+   * What the action does: a resume, accepting an incomplete restore, or, while a
+   * resume waits for a GPU, restoring on CPU now or cancelling the wait.
    */
-  kind: 'resume' | 'accept';
+  kind: 'resume' | 'accept' | 'resumeOnCpu' | 'cancel';
   /**
    * The button text.
    */
   label: string;
+}
+
+/**
+ * What the server's backend can do, as its status says.
+ */
+export interface IViewOptions {
+  /**
+   * A resume can bring a session back without its GPUs, from files
+   * (`GET status`'s `restores_on_cpu`).
+   */
+  restoresOnCpu?: boolean;
 }
 
 /**
@@ -50,7 +62,7 @@ export interface IPauseView {
   /**
    * An extra button shown in the chip (only for failures), or `null`.
    */
-  action: IViewAction | null;
+  actions: IViewAction[];
   /**
    * Longer text for the tooltip.
    */
@@ -204,10 +216,10 @@ function waitReason(session: ISession, trans: TranslationBundle): string {
 
 const UNAVAILABLE: Pick<
   IPauseView,
-  'busy' | 'action' | 'canPause' | 'canResume' | 'canCheckpoint'
+  'busy' | 'actions' | 'canPause' | 'canResume' | 'canCheckpoint'
 > = {
   busy: false,
-  action: null,
+  actions: [],
   canPause: false,
   canResume: false,
   canCheckpoint: false
@@ -219,17 +231,23 @@ const UNAVAILABLE: Pick<
  * @param session The session JSON, or `null` when the server knows no session (404).
  * @param server Whether the server extension answers.
  * @param trans The translation bundle of the labels and tooltips.
+ * @param options What the server's backend can do.
  * @returns The view.
  */
 export function sessionView(
   session: ISession | null,
   server: ServerAvailability = 'ok',
-  trans: TranslationBundle = nullTranslator.load('jupyter_pause')
+  trans: TranslationBundle = nullTranslator.load('jupyter_pause'),
+  options: IViewOptions = {}
 ): IPauseView {
   const view =
     session && (session.state === 'active' || session.state === 'ready')
-      ? withShrinkHold(baseView(session, server, trans), session, trans)
-      : baseView(session, server, trans);
+      ? withShrinkHold(
+          baseView(session, server, trans, options),
+          session,
+          trans
+        )
+      : baseView(session, server, trans, options);
   const warnings = session?.warnings ?? [];
   if (server !== 'ok' || warnings.length === 0) {
     return view;
@@ -273,14 +291,14 @@ function withShrinkHold(
   trans: TranslationBundle
 ): IPauseView {
   const shrink = shrinkHold(session);
-  if (!shrink || view.action) {
+  if (!shrink || view.actions.length) {
     return view;
   }
   return {
     ...view,
     label: trans.__('%1 · checkpoint %2 kept', view.label, shrink.kept),
     tone: 'warning',
-    action: { kind: 'accept', label: trans.__('Accept') },
+    actions: [{ kind: 'accept', label: trans.__('Accept') }],
     tooltip: [
       view.tooltip,
       trans.__(
@@ -299,7 +317,7 @@ function withShrinkHold(
 function unrestoredView(
   session: ISession,
   trans: TranslationBundle
-): Pick<IPauseView, 'label' | 'tone' | 'action' | 'tooltip'> {
+): Pick<IPauseView, 'label' | 'tone' | 'actions' | 'tooltip'> {
   const checkpoint = session.checkpoint;
   const names = checkpoint?.variables ?? [];
   return {
@@ -314,7 +332,7 @@ function unrestoredView(
           'Paused — press Resume to restore the saved state into this kernel'
         ),
     tone: 'warning',
-    action: { kind: 'resume', label: trans.__('Resume') },
+    actions: [{ kind: 'resume', label: trans.__('Resume') }],
     tooltip: trans.__(
       'A new kernel runs for this notebook, without the state saved when it was paused. Resume restores checkpoint %1 into it, from files. What you define in it meanwhile is kept, except names the checkpoint also holds: the restore replaces those, and names them.',
       checkpoint?.id ?? '?'
@@ -325,7 +343,8 @@ function unrestoredView(
 function baseView(
   session: ISession | null,
   server: ServerAvailability,
-  trans: TranslationBundle
+  trans: TranslationBundle,
+  options: IViewOptions
 ): IPauseView {
   if (server === 'missing') {
     return {
@@ -374,7 +393,7 @@ function baseView(
   const base = {
     state: session.state,
     busy: false,
-    action: null,
+    actions: [] as IViewAction[],
     canPause: false,
     canResume: false,
     canCheckpoint: false
@@ -477,8 +496,18 @@ function baseView(
       };
     case 'waiting-for-resources': {
       const reason = waitReason(session, trans);
+      const actions: IViewAction[] = [
+        { kind: 'cancel', label: trans.__('Cancel') }
+      ];
+      if (options.restoresOnCpu) {
+        actions.unshift({
+          kind: 'resumeOnCpu',
+          label: trans.__('Restore on CPU now')
+        });
+      }
       return {
         ...base,
+        actions,
         busy: true,
         label: reason
           ? trans.__('Waiting for GPU (%1)', reason)
@@ -518,7 +547,7 @@ function baseView(
           missing
         ),
         tone: 'warning',
-        action: { kind: 'accept', label: trans.__('Accept') },
+        actions: [{ kind: 'accept', label: trans.__('Accept') }],
         tooltip: [session.message, session.error?.recovery || '']
           .join('\n')
           .trim()
@@ -533,7 +562,7 @@ function baseView(
         canResume: true,
         label: trans.__('Failed: %1', reason),
         tone: 'error',
-        action: { kind: 'resume', label: trans.__('Restore from files') },
+        actions: [{ kind: 'resume', label: trans.__('Restore from files') }],
         tooltip: session.error?.recovery || session.message
       };
     }

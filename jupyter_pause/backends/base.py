@@ -98,6 +98,9 @@ class Backend(abc.ABC):
     """A place where notebook kernels run and can be stopped and brought back."""
 
     name: str = "abstract"
+    #: Whether a resume can bring a session back without its GPUs (``SessionSpec.gpus`` 0: a
+    #: new kernel restored from files), as the user may ask while a GPU is scarce.
+    restores_on_cpu: bool = False
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Called once when the server starts."""

@@ -91,6 +91,7 @@ class CriuBackend(LocalBackend):
     """Kernels of this server, paused as live processes with CRIU (see the module docstring)."""
 
     name = "criu"
+    restores_on_cpu = False  # its restore brings the process back, with its GPU state
 
     def __init__(
         self,

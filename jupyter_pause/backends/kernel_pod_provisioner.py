@@ -61,6 +61,8 @@ except Exception as no_config:  # k8s.py loads the cluster's config when importe
 
 #: The name kernelspecs give this provisioner (``metadata.kernel_provisioner``).
 PROVISIONER_NAME = "jupyter-pause-kernel-pod"
+#: The template values that give a kernel pod its GPUs (``kernel-pod.yaml.j2``).
+GPU_VARIABLES = ("KERNEL_GPUS", "KERNEL_GPUS_LIMIT")
 
 
 def pod_placement(namespace: str, kernel_id: str) -> tuple[bool, str | None]:
@@ -107,6 +109,8 @@ class KernelPodProvisioner(KubernetesProvisioner):
         #: Called (from the launch) once the launching pod has a node: the kernel-pod backend
         #: then lets the next resume in its line create its pod.
         self.on_placed: Callable[[], None] | None = None
+        #: The next launch's pod asks for no GPU (a resume on CPU, asked by the user).
+        self.without_gpus = False
         self._launcher_stderr: IO[bytes] | None = None
 
     # -- launch -----------------------------------------------------------------------------------
@@ -122,6 +126,10 @@ class KernelPodProvisioner(KubernetesProvisioner):
             cmd[0] = sys.executable
         kwargs["cmd"] = cmd
         kwargs["env"] = launcher_env(kwargs["env"], self.kernel_spec.env or {})
+        if self.without_gpus:  # the pod template asks for GPUs only when KERNEL_GPUS is set
+            self.without_gpus = False
+            for name in GPU_VARIABLES:
+                kwargs["env"].pop(name, None)
         # The launcher's stderr is kept to say why it failed (a 403 on the pod's creation).
         self._launcher_stderr = tempfile.TemporaryFile()  # noqa: SIM115 - read on failure
         kwargs["stderr"] = self._launcher_stderr

@@ -48,6 +48,7 @@ class KernelPodBackend(Backend):
     """Kernels in pods of their own (see the module docstring)."""
 
     name = "kernel-pod"
+    restores_on_cpu = True  # the kernel's new pod asks for no GPU
 
     def __init__(
         self, kernel_manager: Any, session_manager: Any, poll_seconds: float = 0.5
@@ -95,10 +96,17 @@ class KernelPodBackend(Backend):
         if kernel_id is None or provisioner is None:
             return await self._new_kernel_pod(session, on_queued)
         launch = self._resumes.get(kernel_id)
+        if launch is not None and launch.done():  # ended; its callback has not run yet
+            launch = None
         if launch is None:
             if not provisioner.paused:
                 return Allocation(granted_at=time.time())
-            launch = self._join_line(kernel_id, session.path, lambda: self._restart(kernel_id))
+            if session.gpus == 0:  # on CPU: no GPU to wait in line for
+                launch = asyncio.create_task(self._restart(kernel_id, gpus=False))
+                self._resumes[kernel_id] = launch
+                launch.add_done_callback(lambda _: self._resumes.pop(kernel_id, None))
+            else:
+                launch = self._join_line(kernel_id, session.path, lambda: self._restart(kernel_id))
 
         async def look() -> tuple[bool, str | None]:
             placed = kernel_id not in self._line
@@ -209,11 +217,13 @@ class KernelPodBackend(Backend):
         except BackendError as err:
             raise StillPaused(str(err)) from None
 
-    async def _restart(self, kernel_id: str) -> None:
-        """jupyter-server's restart of the paused kernel: a new pod under its id."""
+    async def _restart(self, kernel_id: str, gpus: bool = True) -> None:
+        """jupyter-server's restart of the paused kernel: a new pod under its id (``gpus``
+        False: a pod that asks for none)."""
         provisioner = self.provisioner(kernel_id)
         if provisioner is not None:
             provisioner.on_placed = lambda: self._leave_line(kernel_id)
+            provisioner.without_gpus = not gpus
         try:
             # Returns once the new pod's kernel sent its connection info. Its kernel_info
             # future is not awaited: on a restart that changes the ports (a new pod always

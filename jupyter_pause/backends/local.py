@@ -147,6 +147,7 @@ class LocalBackend(Backend):
     """Kernels of this jupyter-server; GPUs counted by NVML/nvidia-smi or set by the admin."""
 
     name = "local"
+    restores_on_cpu = True
 
     def __init__(
         self,

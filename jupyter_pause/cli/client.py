@@ -200,10 +200,21 @@ class Client:
     def get(self, *parts: str) -> Any:
         return self.request("GET", parts, READ_TIMEOUT_SECONDS)
 
-    def post(self, *parts: str, timeout: float | None = READ_TIMEOUT_SECONDS) -> Any:
-        return self.request("POST", parts, timeout)
+    def post(
+        self,
+        *parts: str,
+        timeout: float | None = READ_TIMEOUT_SECONDS,
+        body: dict[str, Any] | None = None,
+    ) -> Any:
+        return self.request("POST", parts, timeout, body)
 
-    def request(self, method: str, parts: Sequence[str], timeout: float | None) -> Any:
+    def request(
+        self,
+        method: str,
+        parts: Sequence[str],
+        timeout: float | None,
+        body: dict[str, Any] | None = None,
+    ) -> Any:
         import urllib.error  # here, not at the top: `--help` and "no server" answer sooner
         import urllib.request
 
@@ -213,7 +224,7 @@ class Client:
         request.add_header("Accept", "application/json")
         if method == "POST":
             request.add_header("Content-Type", "application/json")
-            request.data = b"{}"
+            request.data = json.dumps(body or {}).encode()
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 body = response.read()

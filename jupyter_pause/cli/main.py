@@ -109,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
         )
     for sub in (pause, resume):
         sub.add_argument("--no-wait", action="store_true", help="return once it has started")
+    resume.add_argument(
+        "--cpu",
+        action="store_true",
+        help="restore from files into a kernel without a GPU, now (a resume waiting for a GPU "
+        "gives its place up)",
+    )
     add("list", cmd_list, "a notebook's checkpoints, or all sessions", "optional")
     add("timeline", cmd_timeline, "a notebook's pause/resume events and GPU time", "required")
     add("gc", cmd_gc, "apply the retention policy to every notebook's checkpoints")
@@ -277,6 +283,8 @@ def _run(argv: Sequence[str] | None) -> int:
         return EXIT_USAGE
     try:
         if getattr(args, "workspace", None):
+            if getattr(args, "cpu", False):
+                parser.error("--cpu resumes a notebook; a whole Workspace comes back as it paused")
             from . import workspace  # imports the kubernetes client: only when asked
 
             return workspace.run(args)

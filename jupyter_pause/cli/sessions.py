@@ -100,7 +100,8 @@ def pause_summary(path: str, record: dict[str, Any], gpus: int, seconds: float) 
 
 def cmd_resume(client: Client, args: argparse.Namespace) -> int:
     started = time.monotonic()
-    record = client.post("resume", quote_path(args.path))
+    options = {"accelerators": "none"} if args.cpu else None
+    record = client.post("resume", quote_path(args.path), body=options)
     if args.no_wait or record["state"] not in RESUME_IN_FLIGHT:
         # Nothing in flight: the server answered a running session (a harmless no-op).
         return report_started(record, args)
@@ -118,7 +119,10 @@ def cmd_resume(client: Client, args: argparse.Namespace) -> int:
             EXIT_FAILED,
         )
     if not args.json:
-        print(resume_summary(args.path, record, time.monotonic() - started))
+        summary = resume_summary(args.path, record, time.monotonic() - started)
+        if args.cpu:
+            summary += ", on CPU: no GPU until it is paused and resumed again"
+        print(summary)
     return EXIT_OK
 
 

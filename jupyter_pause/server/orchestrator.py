@@ -210,8 +210,9 @@ class Orchestrator:
             return await self.environment.pause(path, await self.get(path), reason, origin)
         return await self.pauses.start(await self.get(path), reason)
 
-    async def resume(self, path: str) -> SessionRecord:
-        """Start a resume, or join the one in flight (two tabs, CLI + UI, retries)."""
+    async def resume(self, path: str, on_cpu: bool = False) -> SessionRecord:
+        """Start a resume, or join the one in flight (two tabs, CLI + UI, retries); ``on_cpu``:
+        from files into a kernel without a GPU, now (see ``Resumes.start``)."""
         record = await self.get(path)
         if self.environment is not None and self.environment.status()["state"] != "running":
             raise Conflict(
@@ -219,7 +220,7 @@ class Orchestrator:
                 f"{self.environment.status()['state']}; resume the workspace (jupyter pause "
                 "resume --workspace NAMESPACE/NAME)"
             )
-        return await self.resumes.start(record)
+        return await self.resumes.start(record, on_cpu)
 
     async def cancel(self, path: str) -> SessionRecord:
         """Cancel a resume that waits for resources; the session stays paused."""

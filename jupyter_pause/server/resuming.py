@@ -29,6 +29,9 @@ from .states import RUNNING_AGAIN, RUNNING_STATES, Conflict
 
 log = logging.getLogger(__name__)
 
+#: Why a resume on CPU restored from files (the ready message and the timeline say it).
+ON_CPU_NOTE = "on CPU, as asked: no GPU until the notebook is paused and resumed again"
+
 
 def restore_shortfall(result: dict[str, Any]) -> dict[str, str]:
     """What a kernel's restore did not bring back: variables and session items, with why.
@@ -60,10 +63,26 @@ class Resumes:
         self.bridge = bridge
         self.session_manager = session_manager
         self.policy = policy
+        self._on_cpu: set[str] = set()  # paths whose resume in flight is on CPU
 
-    async def start(self, record: SessionRecord) -> SessionRecord:
-        """Start a resume, or join the one in flight (two tabs, CLI + UI, retries)."""
+    async def start(self, record: SessionRecord, on_cpu: bool = False) -> SessionRecord:
+        """Start a resume, or join the one in flight (two tabs, CLI + UI, retries).
+
+        ``on_cpu``: restore from files into a kernel without a GPU, now: a resume that waits
+        for a GPU gives its place up for it (cancelled first, what it asked for taken back)."""
         path = record.path  # a notebook sharing another's kernel resumes that one
+        if on_cpu:
+            if not self.backend.restores_on_cpu:
+                raise Conflict(
+                    f"Cannot resume {path} on CPU: the {self.backend.name} backend brings a "
+                    "session back where it paused"
+                )
+            if (
+                path in self.sessions.tasks
+                and path not in self._on_cpu
+                and record.state in ("resuming", "waiting-for-resources")
+            ):
+                await self.cancel(record)
         async with self.sessions.lock(path):
             if path in self.sessions.tasks and record.state in (
                 "resuming",
@@ -77,9 +96,13 @@ class Resumes:
                 raise Conflict(f"Cannot resume {path}: a {record.state} is in progress")
             if (await self.sessions.inspect(record)).latest is None:
                 raise Conflict(f"Cannot resume {path}: it has no checkpoint to restore")
-            record.timeline.add("resume_requested")
+            if on_cpu:
+                record.timeline.add("resume_requested", on_cpu=True)
+                self._on_cpu.add(path)
+            else:
+                record.timeline.add("resume_requested")
             self.sessions.set(record, "resuming", "Resuming.", error=None, how=None, restore=None)
-            self.sessions.tasks[path] = asyncio.create_task(self.run(record))
+            self.sessions.tasks[path] = asyncio.create_task(self.run(record, on_cpu=on_cpu))
         return record
 
     async def cancel(self, record: SessionRecord) -> SessionRecord:
@@ -108,10 +131,15 @@ class Resumes:
         await task
 
     async def run(
-        self, record: SessionRecord, trust_live: bool = True, note: str | None = None
+        self,
+        record: SessionRecord,
+        trust_live: bool = True,
+        note: str | None = None,
+        on_cpu: bool = False,
     ) -> None:
         """Bring a notebook back; ``trust_live`` False: restore from files whatever the kernel
-        says (its environment was not proven to be the one that paused); ``note`` says why."""
+        says (its environment was not proven to be the one that paused); ``note`` says why;
+        ``on_cpu``: into a kernel without a GPU (asked by the user while a GPU was scarce)."""
         sessions = self.sessions
         started = time.time()
         restoring = False  # once the kernel restores, a failure may have left it half-restored
@@ -119,7 +147,11 @@ class Resumes:
         # can show it, so a kernel started after the pause is never taken for a live one.
         paused_token = record.paused_process_token
         try:
-            record.gpus_needed = self.policy.for_kernelspec(record.kernel_name).gpus
+            record.gpus_needed = (
+                0 if on_cpu else self.policy.for_kernelspec(record.kernel_name).gpus
+            )
+            if on_cpu:
+                note = note or ON_CPU_NOTE
             session = spec(record)
 
             def on_queued(place: int, reason: str) -> None:
@@ -245,6 +277,7 @@ class Resumes:
             metrics.resume_finished("failed", None)
         finally:
             sessions.tasks.pop(record.path, None)
+            self._on_cpu.discard(record.path)
 
     async def note_restore_in_notebook(
         self, record: SessionRecord, kernel_id: str, result: Any

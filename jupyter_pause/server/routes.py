@@ -10,6 +10,7 @@ never the server's absolute paths.
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 from functools import cache
@@ -140,6 +141,7 @@ class StatusHandler(PauseAPIHandler):
             {
                 "version": __version__,
                 "backend": resources.backend,
+                "restores_on_cpu": self.orchestrator.backend.restores_on_cpu,
                 "resources": resources.to_json(),
                 "policy": self.orchestrator.policy.to_json(),
                 "problems": list(self.orchestrator.problems),
@@ -191,14 +193,38 @@ class PauseActionHandler(PauseAPIHandler):
 
 
 class ResumeActionHandler(PauseAPIHandler):
-    """``POST /jupyter-pause/resume/<path>``: start a resume, or join the one in flight (202)."""
+    """``POST /jupyter-pause/resume/<path>``: start a resume, or join the one in flight (202).
+    The body may say ``{"accelerators": "none"}``: restore from files on CPU now, giving up the
+    place of a resume that waits for a GPU."""
 
     @tornado.web.authenticated
     @authorized
     async def post(self, path: str) -> None:
-        record = await self.run(self.orchestrator.resume(clean_path(path)))
+        on_cpu = resume_on_cpu(self.request.body)
+        record = await self.run(self.orchestrator.resume(clean_path(path), on_cpu))
         self.set_status(202)
         self.finish(record.to_json())
+
+
+def resume_on_cpu(body: bytes) -> bool:
+    """Whether a resume's body asks for no accelerators; a 400 saying what is accepted for any
+    other body than none, ``{}`` or ``{"accelerators": "default" | "none"}``."""
+    if not body.strip():
+        return False
+    try:
+        options = json.loads(body)
+    except ValueError:
+        options = None
+    if not isinstance(options, dict) or set(options) - {"accelerators"}:
+        raise tornado.web.HTTPError(
+            400, 'A resume\'s body is {} or {"accelerators": "none"} (restore on CPU now)'
+        )
+    accelerators = options.get("accelerators", "default")
+    if accelerators not in ("default", "none"):
+        raise tornado.web.HTTPError(
+            400, f'"accelerators" is "default" or "none" (restore on CPU now), not {accelerators!r}'
+        )
+    return accelerators == "none"
 
 
 class CancelHandler(PauseAPIHandler):

@@ -78,7 +78,7 @@ describe('sessionView', () => {
     expect(view.label).toBe('Active');
     expect(view.tone).toBe('neutral');
     expect(view.busy).toBe(false);
-    expect(view.action).toBeNull();
+    expect(view.actions).toEqual([]);
     expect(view).toMatchObject({
       canPause: true,
       canCheckpoint: true,
@@ -185,8 +185,8 @@ describe('sessionView', () => {
     expect(view.label).toBe(
       'Paused — press Resume to restore model, optimizer … (3 variables, 1.2 GB) into this kernel'
     );
-    expect(view.action?.kind).toBe('resume');
-    expect(view.action?.label).toBe('Resume');
+    expect(view.actions[0]?.kind).toBe('resume');
+    expect(view.actions[0]?.label).toBe('Resume');
     expect(view.canResume).toBe(true);
     expect(view.canPause).toBe(false);
     expect(view.tooltip).toContain('Resume restores checkpoint 7 into it');
@@ -199,7 +199,7 @@ describe('sessionView', () => {
       })
     );
     expect(stopped.label).toBe('Paused since 18:02 (1.2 GB saved)');
-    expect(stopped.action).toBeNull();
+    expect(stopped.actions).toEqual([]);
   });
 
   it('running while a newer checkpoint lacks what an older one holds: kept, accept offered', () => {
@@ -219,8 +219,8 @@ describe('sessionView', () => {
     const view = sessionView(session({ state: 'active', hold }));
     expect(view.label).toBe('Active · checkpoint 7 kept');
     expect(view.tone).toBe('warning');
-    expect(view.action?.kind).toBe('accept');
-    expect(view.action?.label).toBe('Accept');
+    expect(view.actions[0]?.kind).toBe('accept');
+    expect(view.actions[0]?.label).toBe('Accept');
     expect(view.tooltip).toContain(
       'Checkpoint 8 lacks model, optimizer, which checkpoint 7 holds'
     );
@@ -286,6 +286,23 @@ describe('sessionView', () => {
     );
     expect(view.label).toBe('Waiting for GPU (2nd in line)');
     expect(view.tooltip).toBe(message);
+  });
+
+  it('waiting for resources: Restore on CPU now where the backend can, and Cancel', () => {
+    const waiting = session({
+      state: 'waiting-for-resources',
+      message: 'Waiting for a GPU: 1st in line',
+      queue_position: 1
+    });
+    const kinds = (options: { restoresOnCpu?: boolean }) =>
+      sessionView(waiting, 'ok', undefined, options).actions.map(
+        a => `${a.kind}: ${a.label}`
+      );
+    expect(kinds({ restoresOnCpu: true })).toEqual([
+      'resumeOnCpu: Restore on CPU now',
+      'cancel: Cancel'
+    ]);
+    expect(kinds({})).toEqual(['cancel: Cancel']);
   });
 
   it('waiting for resources without a message: the queue position', () => {
@@ -377,8 +394,8 @@ describe('sessionView', () => {
     );
     expect(view.label).toBe('Failed: could not start a python3 kernel');
     expect(view.tone).toBe('error');
-    expect(view.action?.kind).toBe('resume');
-    expect(view.action?.label).toBe('Restore from files');
+    expect(view.actions[0]?.kind).toBe('resume');
+    expect(view.actions[0]?.label).toBe('Restore from files');
     expect(view.tooltip).toContain('checkpoint is intact');
     expect(view.canResume).toBe(true);
   });
@@ -407,8 +424,8 @@ describe('sessionView', () => {
     );
     expect(view.label).toBe('Restored partially (2 missing)');
     expect(view.tone).toBe('warning');
-    expect(view.action?.kind).toBe('accept');
-    expect(view.action?.label).toBe('Accept');
+    expect(view.actions[0]?.kind).toBe('accept');
+    expect(view.actions[0]?.label).toBe('Accept');
     expect(view.tooltip).toContain('2 not restored: data (writable by others)');
     expect(view.tooltip).toContain('No checkpoint of this notebook is deleted');
     expect(view.canPause).toBe(true);

@@ -470,3 +470,45 @@ async def test_a_morning_rush_is_served_in_request_order_each_showing_its_place(
         assert kinds.count("state_restored") == 1, kinds
     pods = [p["metadata"]["labels"]["kernel_id"] for p in kernel_pods.kernel_pods()]
     assert sorted(pods) == sorted([kernels["b.ipynb"], kernels["c.ipynb"]]), pods
+
+
+async def test_a_resume_waiting_for_a_gpu_restores_on_cpu_when_asked_in_a_pod_without_one(
+    pod_server: Server, kernel_pods: KernelPods
+) -> None:
+    server = pod_server
+    cluster = kernel_pods.cluster
+
+    # Given a paused GPU notebook whose resume waits: another team holds the only GPU
+    kernel_id, _ = await a_paused_gpu_notebook(server, kernel_pods)
+    await other_team_holds_the_gpu(kernel_pods)
+    code, _ = await server.call("POST", "resume", NOTEBOOK)
+    assert code == 202
+    await server.wait_for(NOTEBOOK, lambda r: "Insufficient nvidia.com/gpu" in (r["message"] or ""))
+
+    # When the user asks for it on CPU now
+    code, record = await server.call("POST", "resume", NOTEBOOK, body={"accelerators": "none"})
+    assert code == 202, record
+
+    # Then the same kernel is back from files in a pod that asks for no GPU, on a node
+    ready = await server.wait_state(NOTEBOOK, "ready", "partial", "failed", "paused")
+    assert ready["state"] == "ready" and ready["how"] == "files", ready
+    assert ready["kernel_id"] == kernel_id and "On CPU, as asked" in ready["message"], ready
+    (pod,) = kernel_pods.kernel_pods()
+    assert pod["metadata"]["labels"]["kernel_id"] == kernel_id and scheduled(pod)
+    (container,) = pod["spec"]["containers"]
+    assert "nvidia.com/gpu" not in json.dumps(container.get("resources") or {}), container
+    assert await server.run(kernel_id, "print(sum(weights) + step)") == "45.0\n"
+    _, status = await server.call("GET", "status")
+    assert status["resources"]["queue"] == [], status
+
+    # When it is paused and resumed again once the GPU is free, its pod asks for the GPU again
+    cluster.release_gpus()
+    code, _ = await server.call("POST", "pause", NOTEBOOK)
+    assert code == 202
+    assert (await server.wait_state(NOTEBOOK, "paused", "active"))["state"] == "paused"
+    code, _ = await server.call("POST", "resume", NOTEBOOK)
+    again = await server.wait_state(NOTEBOOK, "ready", "partial", "failed", "paused")
+    assert again["state"] == "ready", again
+    (pod,) = kernel_pods.kernel_pods()
+    (container,) = pod["spec"]["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1", container

@@ -223,3 +223,56 @@ test('server extension missing: the chip says so, commands disabled', async ({
   await expect(pause.toggle).toHaveAttribute('aria-disabled', 'true');
   await expect(pause.chip).toHaveScreenshot('chip-missing.png');
 });
+
+test('waiting for a GPU: Restore on CPU now asks for no accelerators, Cancel cancels', async ({
+  page
+}) => {
+  const pause = new PauseHelper(page);
+  const waiting = {
+    ...BASE,
+    state: 'waiting-for-resources',
+    queue_position: 2,
+    message:
+      'Waiting for a GPU: 2nd in line; 1 resume on this server gets a GPU first'
+  };
+  let answer: Record<string, unknown> = waiting;
+  await page.route(/\/jupyter-pause\/sessions\//, route =>
+    route.fulfill({
+      status: 200,
+      contentType: 'application/json',
+      body: JSON.stringify({ ...answer, path: 'waiting.ipynb' })
+    })
+  );
+  const bodies: Record<string, string | null> = {};
+  await page.route(/\/jupyter-pause\/(resume|cancel)\//, route => {
+    const request = route.request();
+    const action = request.url().includes('/cancel/') ? 'cancel' : 'resume';
+    bodies[action] = request.postData();
+    answer =
+      action === 'cancel'
+        ? { ...BASE, state: 'paused', message: 'Resume cancelled; still paused.' }
+        : { ...BASE, state: 'resuming', gpus: [] };
+    return route.fulfill({
+      status: action === 'cancel' ? 200 : 202,
+      contentType: 'application/json',
+      body: JSON.stringify({ ...answer, path: 'waiting.ipynb' })
+    });
+  });
+  // No kernel: nothing here holds the (single) GPU of the test server.
+  await page.notebook.createNew('waiting.ipynb', { kernel: null });
+  await expect(pause.chipLabel).toHaveText('Waiting for GPU (2nd in line)');
+  // The test server's backend (local) restores on CPU: both buttons.
+  const buttons = page.locator(SELECTORS.CHIP_ACTION);
+  await expect(buttons).toHaveText(['Restore on CPU now', 'Cancel']);
+
+  await buttons.filter({ hasText: 'Cancel' }).click();
+  await expect(pause.chipLabel).toHaveText(/^Paused since/);
+  expect(bodies.cancel ?? '').toBe('');
+  await expect(buttons).toHaveCount(0);
+
+  answer = waiting;
+  await expect(pause.chipLabel).toHaveText('Waiting for GPU (2nd in line)');
+  await buttons.filter({ hasText: 'Restore on CPU now' }).click();
+  await expect(pause.chipLabel).toHaveText('Resuming');
+  expect(JSON.parse(bodies.resume ?? '{}')).toEqual({ accelerators: 'none' });
+});
