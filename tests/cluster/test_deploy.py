@@ -13,22 +13,34 @@ with Kubeflow Notebooks v2's own CRDs and GKE's podsnapshot.gke.io ones (``upstr
   which this 1.20 API server does not serve: it is checked against the Kubernetes client's
   models of that API (every field one the API defines, the required ones there), and its
   label selector is evaluated by the API server against the pods each WorkspaceKind makes.
-  That the policy really sets ``runtimeClassName`` cannot be run here (1.20 has no CEL).
+  That the policy really sets ``runtimeClassName`` cannot be run here (1.20 has no CEL);
+* the kernel pods' Kubeflow kind (``deploy/kernel-pods/kubeflow/``): a CPU pod whose account has
+  exactly ``deploy/kernel-pods/rbac.yaml``'s rights, and the kernel pod template, rendered by
+  gateway-provisioners' own launcher with that kind's ``KERNEL_VOLUMES`` /
+  ``KERNEL_VOLUME_MOUNTS`` (and without them), is a pod the API server accepts as rendered.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from .control_plane import ControlPlane, SnapshotAddon, wait_until
 from .deploy_manifests import (
     DEPLOY,
     MODES,
+    WORKSPACE_LABEL,
     addon_ipc_config,
     create_once,
     documents,
@@ -43,6 +55,8 @@ from .deploy_manifests import (
 _numbers = itertools.count(1)
 BUCKET = "a-bucket"
 GVISOR_POLICY = mode_file("pod-snapshots", "gvisor-admission-policy.yaml")
+KERNEL_PODS = DEPLOY / "kernel-pods"
+KUBEFLOW = KERNEL_PODS / "kubeflow"
 #: Each manifest and the placeholders its install step fills (deploy/README.md); "" is the
 #: test's namespace. (Each mode stamps its Role for a Workspace of its own: same names.)
 MANIFESTS = {
@@ -59,6 +73,8 @@ MANIFESTS = {
     mode_file("no-snapshots", "workspacekind.yaml"): {},
     mode_file("no-snapshots", "clusterrole.yaml"): {},
     mode_file("no-snapshots", "rbac-workspace.yaml"): {"NAMESPACE": "", "WORKSPACE": "lab-none"},
+    KUBEFLOW / "clusterrole.yaml": {},
+    KUBEFLOW / "workspacekind.yaml": {},
 }
 
 
@@ -578,6 +594,257 @@ def test_the_gvisor_admission_policy_is_kubernetes_1_36s_api_and_selects_the_wor
     )
     assert "pod-snapshots" in selected(snapshot_policy["spec"]["selector"])
     assert not {"no-snapshots", "gke-workspaces"} & selected(snapshot_policy["spec"]["selector"])
+
+
+# -- kernel pods on Kubeflow: the CPU server's kind, its rights, the kernel pod template ---------
+def kernel_pods_kind() -> dict[str, Any]:
+    (kind,) = documents(KUBEFLOW / "workspacekind.yaml")
+    return kind
+
+
+def kind_env(kind: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in kind["spec"]["podTemplate"]["extraEnv"]}
+
+
+def expand(value: str, env: dict[str, str]) -> str:
+    """An env value as the kubelet makes it: ``$(NAME)`` of a variable defined before it."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), value)
+
+
+def access(plane: ControlPlane, namespace: str, account: str) -> set[tuple[str, str, str]]:
+    """What the API server says ``account`` may do (its own token, SelfSubjectAccessReview):
+    (namespace, verb, resource) over pods and a few others, here and in ``default``."""
+    from kubernetes import client
+
+    allowed = set()
+    token = service_account_token(plane, namespace, account)
+    with plane.credentials(token).api_client() as api:
+        authorization = client.AuthorizationV1Api(api)
+        for where in (namespace, "default"):
+            for group, resource in (("", "pods"), ("", "secrets"), ("kubeflow.org", "workspaces")):
+                for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
+                    attributes = {"namespace": where, "verb": verb, "group": group}
+                    attributes["resource"] = resource
+                    review = authorization.create_self_subject_access_review(
+                        {"spec": {"resourceAttributes": attributes}}
+                    )
+                    if review.status.allowed:
+                        allowed.add((where, verb, resource))
+    return allowed
+
+
+def test_the_kernel_pods_kind_is_a_cpu_server_with_the_kernel_pod_rbacs_rights(
+    upstream_control_plane: ControlPlane, namespace: str
+) -> None:
+    from kubernetes import client
+
+    plane = upstream_control_plane
+    kind = kernel_pods_kind()
+    template = kind["spec"]["podTemplate"]
+    # Given the shipped kind: its pods ask no GPU (the kernel pods do, from their kernelspec)
+    for option in template["options"]["podConfig"]["values"]:
+        assert "nvidia.com/gpu" not in json.dumps(option["spec"]), option["id"]
+    # and its server runs the kernel-pod backend, in the kernels' namespace, storing on home
+    config = json.loads((KUBEFLOW / "jupyter_server_config.json").read_text())
+    assert config["PauseApp"]["backend"] == "kernel-pod"
+    env = kind_env(kind)
+    assert env["KERNEL_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    home = template["volumeMounts"]["home"]
+    assert Path(env["JUPYTER_PAUSE_STORE"]["value"]).is_relative_to(home)
+    # and its ClusterRole has exactly the rules of the kernel pods' Role
+    (cluster_role,) = documents(KUBEFLOW / "clusterrole.yaml")
+    role, _ = documents(KERNEL_PODS / "rbac.yaml", NAMESPACE="x", SERVICE_ACCOUNT="y")
+    assert cluster_role["rules"] == role["rules"]
+    assert template["serviceAccount"] == {
+        "clusterRoles": [{"name": cluster_role["metadata"]["name"]}]
+    }
+
+    # When a Workspace's account is bound as the Notebooks controller binds it (a RoleBinding
+    # in its namespace per ClusterRole of its kind), and another account gets rbac.yaml
+    create_once(plane, KUBEFLOW / "clusterrole.yaml")
+    create_once(plane, KUBEFLOW / "workspacekind.yaml")
+    with plane.admin.api_client() as api:
+        core = client.CoreV1Api(api)
+        for account in ("ws-lab", "jupyter-server"):
+            core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
+        for entry in template["serviceAccount"]["clusterRoles"]:
+            client.RbacAuthorizationV1Api(api).create_namespaced_role_binding(
+                namespace,
+                {
+                    "metadata": {"name": f"ws-lab-{entry['name']}"},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": entry["name"],
+                    },
+                    "subjects": [
+                        {"kind": "ServiceAccount", "name": "ws-lab", "namespace": namespace}
+                    ],
+                },
+            )
+    plane.apply_file(
+        KERNEL_PODS / "rbac.yaml", NAMESPACE=namespace, SERVICE_ACCOUNT="jupyter-server"
+    )
+
+    # Then the API server gives the Workspace's account exactly rbac.yaml's rights: pods in
+    # its namespace, nothing elsewhere
+    workspace_rights = access(plane, namespace, "ws-lab")
+    assert workspace_rights == {
+        (namespace, verb, "pods") for verb in ("create", "delete", "get", "list", "watch")
+    }
+    assert workspace_rights == access(plane, namespace, "jupyter-server")
+
+    # And the server pod the kind makes (its env, with the downward API's fields) is accepted,
+    # the Workspace's name read from the label the controller gives its pod
+    (option,) = template["options"]["podConfig"]["values"]
+    with plane.admin.api_client() as api:
+        core = client.CoreV1Api(api)
+        body = {
+            "metadata": {"name": "ws-lab-x1y2z-0", "labels": {WORKSPACE_LABEL: "lab"}},
+            "spec": {
+                "serviceAccountName": "ws-lab",
+                "automountServiceAccountToken": False,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "REGISTRY/jupyterlab-pause-kernel-pods:0.1.0",
+                        "env": template["extraEnv"],
+                        "resources": option["spec"]["resources"],
+                    }
+                ],
+            },
+        }
+        core.create_namespaced_pod(namespace, body)
+        stored = api.sanitize_for_serialization(
+            core.read_namespaced_pod(body["metadata"]["name"], namespace)
+        )
+    assert (
+        not_kept(body["spec"]["containers"][0]["env"], stored["spec"]["containers"][0]["env"]) == []
+    )
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Any:
+    """gateway-provisioners' ``launch_kubernetes.py`` beside our template, installed by the
+    shipped script as in the server's image: its ``generate_kernel_pod_yaml`` renders the pod."""
+    pytest.importorskip("gateway_provisioners", reason="the kernel pod template's launcher")
+    installed = subprocess.run(
+        ["sh", str(KERNEL_PODS / "install-kernelspec.sh"), str(tmp_path / "kernels")],
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    script = Path(installed.stdout.strip()) / "scripts" / "launch_kubernetes.py"
+    spec = importlib.util.spec_from_file_location("launch_kubernetes_under_test", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def render_kernel_pod(launcher: Any, env: dict[str, str]) -> list[dict[str, Any]]:
+    """The launcher's rendering: every KERNEL_* value of the kernel's environment, read as YAML
+    and lower-cased, as ``launch_kubernetes_kernel`` passes them; the documents of the result."""
+    keywords = {k.lower(): yaml.safe_load(v) for k, v in env.items() if k.startswith("KERNEL_")}
+    return [d for d in yaml.safe_load_all(launcher.generate_kernel_pod_yaml(keywords)) if d]
+
+
+def kernel_env(namespace: str, name: str, **more: str) -> dict[str, str]:
+    """What the provisioner puts in a kernel's environment for the launcher (its pod's name,
+    namespace, account, ids, image) and the kernelspec's KERNEL_GPUS."""
+    return {
+        "KERNEL_ID": f"{name}-id",
+        "KERNEL_POD_NAME": name,
+        "KERNEL_NAMESPACE": namespace,
+        "KERNEL_SERVICE_ACCOUNT_NAME": "default",
+        "KERNEL_UID": "1000",
+        "KERNEL_GID": "100",
+        "KERNEL_IMAGE": "REGISTRY/jupyter-pause-kernel:0.1.0",
+        "KERNEL_NAME": "python-gpu-pod",
+        "KERNEL_GPUS": "1",
+        "KERNEL_GPUS_LIMIT": "1",
+        **more,
+    }
+
+
+def create_stored(plane: ControlPlane, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
+    from kubernetes import client
+
+    with plane.admin.api_client() as api:
+        core = client.CoreV1Api(api)
+        core.create_namespaced_pod(namespace, pod)
+        return api.sanitize_for_serialization(
+            core.read_namespaced_pod(pod["metadata"]["name"], namespace)
+        )
+
+
+def test_the_kernel_pod_mounts_the_kinds_kernel_volumes_in_a_pod_the_api_server_accepts(
+    upstream_control_plane: ControlPlane, namespace: str, launcher: Any
+) -> None:
+    # Given the kind's KERNEL_VOLUMES / KERNEL_VOLUME_MOUNTS as the server's pod has them (the
+    # kubelet expanded $(WORKSPACE_NAME)), plus volumes of a user's own: shared memory, and a
+    # data set read-only (a boolean through the template)
+    env = kind_env(kernel_pods_kind())
+    server = {"WORKSPACE_NAME": "lab"}
+    names = list(env)  # the kubelet expands $(NAME) of a variable defined earlier only
+    assert names.index("WORKSPACE_NAME") < names.index("KERNEL_VOLUMES")
+    volumes = yaml.safe_load(expand(env["KERNEL_VOLUMES"]["value"], server))
+    mounts = yaml.safe_load(expand(env["KERNEL_VOLUME_MOUNTS"]["value"], server))
+    volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}})
+    mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+    volumes.append(
+        {"name": "data", "persistentVolumeClaim": {"claimName": "data", "readOnly": True}}
+    )
+    mounts.append({"name": "data", "mountPath": "/data", "readOnly": True})
+
+    # When the launcher renders the kernel pod with them, and it is created in the namespace
+    (pod,) = render_kernel_pod(
+        launcher,
+        kernel_env(
+            namespace,
+            "kernel-volumes",
+            KERNEL_VOLUMES=json.dumps(volumes),
+            KERNEL_VOLUME_MOUNTS=yaml.safe_dump(mounts, default_flow_style=True),
+        ),
+    )
+    stored = create_stored(upstream_control_plane, namespace, pod)
+
+    # Then the API server kept the pod as rendered: the Workspace's home PVC and the user's
+    # volume, mounted in the kernel's container where the server has them
+    assert not_kept(pod, stored) == []
+    assert stored["spec"]["volumes"] == [
+        {"name": "home", "persistentVolumeClaim": {"claimName": "lab-home"}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+        {"name": "data", "persistentVolumeClaim": {"claimName": "data", "readOnly": True}},
+    ]
+    (container,) = stored["spec"]["containers"]
+    assert [(m["name"], m["mountPath"], m.get("readOnly")) for m in container["volumeMounts"]] == [
+        ("home", "/home/jovyan", None),
+        ("shm", "/dev/shm", None),
+        ("data", "/data", True),
+    ]
+    # and the checkpoint store the server uses is on the mounted home volume
+    store = Path(env["JUPYTER_PAUSE_STORE"]["value"])
+    assert store.is_relative_to(container["volumeMounts"][0]["mountPath"])
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+
+
+@pytest.mark.parametrize("volumes", [None, "[]"], ids=["unset", "empty"])
+def test_the_kernel_pod_without_kernel_volumes_has_none_and_is_accepted(
+    upstream_control_plane: ControlPlane, namespace: str, launcher: Any, volumes: str | None
+) -> None:
+    # Given a kernel's environment without volumes (unset, or empty lists)
+    more = {} if volumes is None else {"KERNEL_VOLUMES": volumes, "KERNEL_VOLUME_MOUNTS": volumes}
+    # When the launcher renders its pod
+    (pod,) = render_kernel_pod(launcher, kernel_env(namespace, "kernel-plain", **more))
+    # Then it is one Pod with neither volumes nor mounts, which the API server accepts as it is
+    assert pod["kind"] == "Pod" and "volumes" not in pod["spec"]
+    assert "volumeMounts" not in pod["spec"]["containers"][0]
+    stored = create_stored(upstream_control_plane, namespace, pod)
+    assert not_kept(pod, stored) == []
+    assert not stored["spec"].get("volumes")
+    assert not stored["spec"]["containers"][0].get("volumeMounts")
 
 
 def test_the_deploy_readme_names_every_shipped_file() -> None:
