@@ -86,6 +86,8 @@ test: $(SETUP_STAMP) browser
 	stage jest $(JLPM) test; \
 	stage ui-tests sh -c 'cd ui-tests && rm -f server.log && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(JLPM) install && { CHROMIUM_PATH=$(CHROMIUM) $(JLPM) playwright test || { \
 		if [ -f server.log ]; then echo "--- the last 80 lines of the server log, ui-tests/server.log:"; tail -n 80 server.log; fi; exit 1; }; }'; \
+	stage ui-tests-kernel-pods sh -c 'cd ui-tests && rm -f server-kernel-pods.log && { CHROMIUM_PATH=$(CHROMIUM) $(JLPM) playwright test -c playwright-kernel-pods.config.js || { \
+		if [ -f server-kernel-pods.log ]; then echo "--- the last 80 lines of the server log, ui-tests/server-kernel-pods.log:"; tail -n 80 server-kernel-pods.log; fi; exit 1; }; }'; \
 	stage pytest $(BIN)/pytest -p no:cacheprovider -rs; \
 	printf "\nmake test:\n$$summary"; \
 	exit $$failed

@@ -28,8 +28,6 @@ the table gives medians (ranges) over the rounds.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import secrets
 import statistics
 import subprocess
@@ -43,37 +41,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.cluster.control_plane import ControlPlane, apiserver_binary, kube_binary  # noqa: E402
-from tests.cluster.deploy_manifests import service_account_token  # noqa: E402
+from tests.cluster.kernel_pod_server import KERNEL_NAME, kernel_pod_server_env  # noqa: E402
 from tests.cluster.notebooks import RemoteServer  # noqa: E402
-from tests.cluster.real_players import (  # noqa: E402
-    POOL_LABEL,
-    RealPlayedCluster,
-    core,
-    real_played_cluster,
-)
+from tests.cluster.real_players import RealPlayedCluster, core, real_played_cluster  # noqa: E402
 from tests.server_process import free_port, server_config, spawn_server, wait_serving  # noqa: E402
 
-KERNEL_PODS = ROOT / "deploy" / "kernel-pods"
-KERNEL_NAME = "python-gpu-pod"
-ACCOUNT = "jupyter-server"
 WAITING = ("resuming", "waiting-for-resources")
 
 
 def start_server(chain: RealPlayedCluster, folder: Path) -> tuple[subprocess.Popen, RemoteServer]:
-    """The server's account with the shipped RBAC, the shipped kernelspec, and a jupyter server
-    on the kernel-pod backend using them (as ``tests/cluster/kernel_pod_fixtures.py`` sets up)."""
-    plane = chain.plane
-    chain.api.create(core(chain.namespace, "serviceaccounts"), {"metadata": {"name": ACCOUNT}})
-    plane.apply_file(KERNEL_PODS / "rbac.yaml", NAMESPACE=chain.namespace, SERVICE_ACCOUNT=ACCOUNT)
-    token = service_account_token(plane, chain.namespace, ACCOUNT)
-    kubeconfig = plane.credentials(token).kubeconfig(folder / "server.kubeconfig", chain.namespace)
-    kernels = folder / "jupyter" / "kernels"
-    subprocess.run(
-        ["sh", str(KERNEL_PODS / "install-kernelspec.sh"), str(kernels)],
-        env={**os.environ, "PYTHON": sys.executable},
-        capture_output=True,
-        check=True,
-    )
+    """A jupyter server on the kernel-pod backend, as the kernel-pod tests set it up."""
+    env = kernel_pod_server_env(chain, folder)
+    env["JUPYTER_CONFIG_DIR"] = str(folder)
     root = folder / "notebooks"
     root.mkdir()
     port, secret = free_port(), secrets.token_hex(16)
@@ -85,21 +64,6 @@ def start_server(chain: RealPlayedCluster, folder: Path) -> tuple[subprocess.Pop
         "c.PauseApp.backend = 'kernel-pod'\n"
         "c.PauseApp.busy_wait_seconds = 1.0\n"
         "c.PauseApp.monitor_interval_seconds = 3600.0\n"
-    )
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("JUPYTER", "KUBE", "KERNEL_", "GP_"))
-    }
-    env.update(
-        JUPYTER_PATH=str(folder / "jupyter"),
-        JUPYTER_RUNTIME_DIR=str(folder / "runtime"),
-        JUPYTER_CONFIG_DIR=str(folder),
-        KUBECONFIG=str(kubeconfig),
-        GP_USE_INCLUSTER_CONFIG="false",
-        KERNEL_USERNAME="alice",
-        KERNEL_NAMESPACE=chain.namespace,
-        KERNEL_NODE_SELECTOR=json.dumps({POOL_LABEL: chain.pool}),
     )
     log = folder / "server.log"
     process = spawn_server(config, env, root, log)
@@ -123,7 +87,8 @@ def rush(chain: RealPlayedCluster, server: RemoteServer, notebooks: int, gpus: i
     for path in paths:  # each opened, given a value and paused: one GPU at a time
         kernels[path] = server.open_notebook(path, KERNEL_NAME)
         server.run(kernels[path], f"who = {path!r}")
-        server.wait_state(path, "active")
+        while not server.session(path)["watching"]:  # it sees each busy/idle change
+            time.sleep(0.1)
         call(server, "POST", "pause", path)
         assert server.wait_state(path, "paused", "active")["state"] == "paused"
     by_kernel = {kernel_id: path for path, kernel_id in kernels.items()}  # ids are kept

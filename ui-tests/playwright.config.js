@@ -27,6 +27,8 @@ const baseURL = `http://localhost:${uiTestsPort()}`;
 module.exports = {
   ...baseConfig,
   reporter: [['list'], ['html', { open: 'never' }]],
+  // Against the kernel-pod backend: playwright-kernel-pods.config.js.
+  testIgnore: 'kernel-pods.spec.ts',
   timeout: 180 * 1000,
   retries: 0,
   workers: 1,

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -63,6 +64,14 @@ except Exception as no_config:  # k8s.py loads the cluster's config when importe
 PROVISIONER_NAME = "jupyter-pause-kernel-pod"
 #: The template values that give a kernel pod its GPUs (``kernel-pod.yaml.j2``).
 GPU_VARIABLES = ("KERNEL_GPUS", "KERNEL_GPUS_LIMIT")
+#: The template value that pins a pod snapshot on a kernel's new pod (``kernel-pod.yaml.j2``
+#: renders GKE's ``podsnapshot.gke.io/ps-name`` and the label the snapshot policy selects).
+SNAPSHOT_VARIABLE = "KERNEL_POD_SNAPSHOT"
+#: The pod condition GKE's node agent sets on a pod it was asked to restore.
+RESTORED_CONDITION = "PodRestored"
+#: How long a running pod that pins a snapshot may go without GKE's ``PodRestored`` before its
+#: launch is taken for a cold start (its kernel then sends its connection info as any does).
+RESTORED_CONDITION_WAIT = 10.0
 
 
 def pod_placement(namespace: str, kernel_id: str) -> tuple[bool, str | None]:
@@ -111,7 +120,16 @@ class KernelPodProvisioner(KubernetesProvisioner):
         self.on_placed: Callable[[], None] | None = None
         #: The next launch's pod asks for no GPU (a resume on CPU, asked by the user).
         self.without_gpus = False
+        #: The pod snapshot the next launch's pod pins (taken at the pause); None: a cold start.
+        self.snapshot: str | None = None
+        #: The snapshot the last launch's pod was restored from (the same kernel process, live).
+        self.restored_from: str | None = None
+        #: What the kernel's launcher sent at its start (ports, key, its listener): a kernel
+        #: restored from a pod snapshot is that very process, and sends nothing again.
+        self._launch_info: dict[str, Any] | None = None
+        self._pod_restored: bool | None = None  # the launching pod's PodRestored, when said
         self._launcher_stderr: IO[bytes] | None = None
+        self._pinned: str | None = None  # the snapshot the launching pod pins
 
     # -- launch -----------------------------------------------------------------------------------
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
@@ -126,10 +144,16 @@ class KernelPodProvisioner(KubernetesProvisioner):
             cmd[0] = sys.executable
         kwargs["cmd"] = cmd
         kwargs["env"] = launcher_env(kwargs["env"], self.kernel_spec.env or {})
+        kwargs["env"].pop(SNAPSHOT_VARIABLE, None)
         if self.without_gpus:  # the pod template asks for GPUs only when KERNEL_GPUS is set
             self.without_gpus = False
             for name in GPU_VARIABLES:
                 kwargs["env"].pop(name, None)
+        elif self.resuming and self.snapshot:  # a GPU process's snapshot needs its GPU
+            kwargs["env"][SNAPSHOT_VARIABLE] = self.snapshot
+        self._pinned = kwargs["env"].get(SNAPSHOT_VARIABLE)
+        self.restored_from = None
+        self._pod_restored = None
         # The launcher's stderr is kept to say why it failed (a 403 on the pod's creation).
         self._launcher_stderr = tempfile.TemporaryFile()  # noqa: SIM115 - read on failure
         kwargs["stderr"] = self._launcher_stderr
@@ -143,6 +167,7 @@ class KernelPodProvisioner(KubernetesProvisioner):
                 # The launcher's job ended with the pod's creation (the kernel in it answered):
                 # reaped here, the kernel's life is the pod's (poll() reads its phase).
                 await asyncio.to_thread(launcher.wait, 30)
+            self.snapshot = None  # spent: restored, or the cold start's state is newer
             return info
         except BaseException:
             await self._reap_launcher()
@@ -158,6 +183,53 @@ class KernelPodProvisioner(KubernetesProvisioner):
             if self._launcher_stderr is not None:
                 self._launcher_stderr.close()
                 self._launcher_stderr = None
+
+    async def confirm_remote_startup(self) -> None:
+        """Upstream's wait for the pod and the kernel's connection info; for a pod that pins a
+        snapshot which GKE restored (``PodRestored`` True), the kernel is the process that
+        paused: its connection info is the one it sent at its start, at the new pod's IP."""
+        if not self._pinned:
+            await super().confirm_remote_startup()
+            return
+        self.start_time = self.get_current_time()
+        running_since = None
+        attempt = 0
+        while True:
+            attempt += 1
+            await self.handle_launch_timeout()
+            status = self.get_container_status(str(attempt))
+            if not status:
+                self.detect_launch_failure()
+                continue
+            if status in self.get_error_states():
+                raise KernelPodError(f"the kernel pod failed to start (its phase is {status})")
+            if not self.assigned_host:
+                continue
+            running_since = running_since or time.monotonic()
+            if self._pod_restored and self._launch_info is not None:
+                self._setup_connection_info(dict(self._launch_info))
+                self.pid = self.pgid = 0
+                self.restored_from = self._pinned
+                self.log.info(
+                    "Kernel %s restored from pod snapshot %s", self.kernel_id, self._pinned
+                )
+                return
+            if self._pod_restored is False or (
+                time.monotonic() - running_since > RESTORED_CONDITION_WAIT
+            ):
+                break
+        # A cold start: the kernel image's launcher runs and sends its connection info.
+        self.log.info(
+            "Kernel %s: pod snapshot %s not restored, a cold start", self.kernel_id, self._pinned
+        )
+        while not await self.receive_connection_info():
+            await self.handle_launch_timeout()
+        self.pid = self.pgid = 0
+
+    def _setup_connection_info(self, connect_info: dict) -> None:
+        # What the launcher sent, kept as sent: a restored kernel is the same process.
+        self._launch_info = dict(connect_info)
+        super()._setup_connection_info(connect_info)
 
     async def _reap_launcher(self) -> None:
         """A launch that failed or was cancelled: its launcher ends (and is waited for)."""
@@ -191,6 +263,9 @@ class KernelPodProvisioner(KubernetesProvisioner):
             self.assigned_node_ip = pod.status.host_ip
         if pod.spec.node_name and self.on_placed is not None:
             self.on_placed()
+        for condition in (pod.status.conditions or []) if pod.status else []:
+            if condition.type == RESTORED_CONDITION:
+                self._pod_restored = condition.status == "True"
         reason = unschedulable_reason(client.ApiClient().sanitize_for_serialization(pod))
         if reason != self.waiting_reason:
             if reason:

@@ -39,6 +39,7 @@ from .base import (
 )
 from .kernel_pod import KernelPodError
 from .kernel_pod_provisioner import PROVISIONER_NAME, KernelPodProvisioner, pod_placement
+from .kernel_pod_snapshots import KernelPodSnapshots
 from .kernels import running_kernel, start_kernel
 
 log = logging.getLogger(__name__)
@@ -51,11 +52,16 @@ class KernelPodBackend(Backend):
     restores_on_cpu = True  # the kernel's new pod asks for no GPU
 
     def __init__(
-        self, kernel_manager: Any, session_manager: Any, poll_seconds: float = 0.5
+        self,
+        kernel_manager: Any,
+        session_manager: Any,
+        poll_seconds: float = 0.5,
+        snapshots: KernelPodSnapshots | None = None,
     ) -> None:
         self.kernel_manager = kernel_manager
         self.session_manager = session_manager
         self.poll_seconds = poll_seconds
+        self.snapshots = snapshots or KernelPodSnapshots()
         self._resumes: dict[str, asyncio.Task[None]] = {}  # kernel id -> its new pod's launch
         # Resumes whose pod has no node yet, first asked first: kernel id -> notebook path.
         self._line: dict[str, str] = {}
@@ -78,13 +84,25 @@ class KernelPodBackend(Backend):
             await self.kernel_manager.shutdown_kernel(kernel_id)
             return StopOutcome(time.time(), None, False)
         pod = provisioner.container_name
+        details: dict[str, Any] = {"kernel_pod": pod}
+        snapshot = None
+        if pod:
+            taken = await self.snapshots.take(provisioner.kernel_namespace, pod)
+            snapshot = taken.name
+            if snapshot is None:
+                details["snapshot_problem"] = taken.problem
+            else:
+                details["seconds"] = round(taken.seconds, 3)
         try:
             await provisioner.pause()
         except KernelPodError as err:
+            if snapshot is not None:  # the kernel runs on: its snapshot would only cost
+                await self.snapshots.drop(provisioner.kernel_namespace, snapshot)
             raise BackendError(str(err)) from None
+        provisioner.snapshot = snapshot  # the resume's pod pins it
         # The pod is gone from the API server: the scheduler can place another pod on its GPU.
         gone = time.time()
-        return StopOutcome(gone, gone, True, kernel_kept=True, details={"kernel_pod": pod})
+        return StopOutcome(gone, gone, True, snapshot=snapshot, kernel_kept=True, details=details)
 
     # -- resume -----------------------------------------------------------------------------------
     async def request_resources(self, session: SessionSpec, on_queued: QueueCallback) -> Allocation:
@@ -221,15 +239,19 @@ class KernelPodBackend(Backend):
         """jupyter-server's restart of the paused kernel: a new pod under its id (``gpus``
         False: a pod that asks for none)."""
         provisioner = self.provisioner(kernel_id)
+        pinned = None
         if provisioner is not None:
             provisioner.on_placed = lambda: self._leave_line(kernel_id)
             provisioner.without_gpus = not gpus
+            pinned = provisioner.snapshot if gpus else None
         try:
             # Returns once the new pod's kernel sent its connection info. Its kernel_info
             # future is not awaited: on a restart that changes the ports (a new pod always
             # does) jupyter-server 2.x cancels its own wait without resolving it. The
             # orchestrator's first request to the kernel waits for it instead.
             await self.kernel_manager.restart_kernel(kernel_id, now=True)
+            if pinned and provisioner is not None:  # spent, restored or not
+                await self.snapshots.drop(provisioner.kernel_namespace, pinned)
             self._tell_connections(kernel_id)
         except KernelPodError as err:
             raise StillPaused(str(err)) from None
@@ -251,9 +273,14 @@ class KernelPodBackend(Backend):
         started = allocation.details.get("kernel_id")
         if started is not None:  # a new kernel pod (the paused kernel was gone)
             return RestoreOutcome(started, live=False, details={"kernel_pod": "new"})
-        if self.provisioner(session.kernel_id) is not None:
+        provisioner = self.provisioner(session.kernel_id)
+        if provisioner is not None:
             assert session.kernel_id is not None
-            return RestoreOutcome(session.kernel_id, live=False, details=dict(allocation.details))
+            details = dict(allocation.details)
+            restored = provisioner.restored_from
+            if restored:
+                details["snapshot"] = restored
+            return RestoreOutcome(session.kernel_id, live=bool(restored), details=details)
         existing = await running_kernel(self.kernel_manager, self.session_manager, session.path)
         if existing is not None:  # the notebook was opened again with a new kernel
             return RestoreOutcome(existing, live=False, details={"reused_kernel": True})

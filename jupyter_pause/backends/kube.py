@@ -103,7 +103,8 @@ def _explain(err: Any, verb: str, resource: Resource, namespace: str, name: str)
             f'forbidden: RBAC does not allow the verb "{verb}" on "{resource.plural}"{group}'
             f"{where} ({message}); grant it as shipped: for the server in a workspace, its "
             "mode's deploy/modes/<mode>/clusterrole.yaml and rbac-workspace.yaml; for "
-            "jupyter pause --workspace, deploy/rbac-user.yaml",
+            "jupyter pause --workspace, deploy/rbac-user.yaml; for kernel pods, "
+            "deploy/kernel-pods/rbac.yaml",
             "forbidden",
             403,
         )
@@ -272,6 +273,22 @@ class Kube:
             ),
         )
         return answer.get("items") or []
+
+    def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> dict[str, Any]:
+        """A merge patch of a pod's labels (the kernel-pod backend's snapshot label)."""
+        return self._call(
+            "patch",
+            PODS,
+            namespace,
+            name,
+            lambda: self.core.patch_namespaced_pod(
+                name,
+                namespace,
+                {"metadata": {"labels": labels}},
+                _preload_content=False,
+                _request_timeout=TIMEOUT,
+            ),
+        )
 
     def get_workspace(self, namespace: str, name: str) -> dict[str, Any]:
         return self._custom("get", WORKSPACES, namespace, name)

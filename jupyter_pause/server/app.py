@@ -77,8 +77,9 @@ class PauseApp(ExtensionApp):
 
     pod_snapshots = Bool(
         True,
-        help="Workspace backend: snapshot the pod at a pause where a PodSnapshotPolicy selects "
-        "it (live restores). False: pause with the application checkpoints only.",
+        help="Workspace and kernel-pod backends: snapshot the pod at a pause where a "
+        "PodSnapshotPolicy selects it (live restores). False: pause with the application "
+        "checkpoints only.",
     ).tag(config=True)
 
     snapshot_timeout_seconds = Float(
@@ -329,7 +330,12 @@ class PauseApp(ExtensionApp):
         except KernelPodError as err:  # the extension always loads: say why, run locally
             self.log.error("jupyter_pause: no kernel-pod backend: %s; using 'local'", err)
             return None
-        backend = KernelPodBackend(serverapp.kernel_manager, serverapp.session_manager)
+        from ..backends.kernel_pod_snapshots import KernelPodSnapshots
+
+        snapshots = KernelPodSnapshots(self.pod_snapshots, self.snapshot_timeout_seconds)
+        backend = KernelPodBackend(
+            serverapp.kernel_manager, serverapp.session_manager, snapshots=snapshots
+        )
         self.log.info("jupyter_pause: kernel-pod backend (kernels in pods of their own)")
         # Each kernel pod asks the scheduler for its GPU: gpus_per_kernel defaults to 1.
         return backend, 1

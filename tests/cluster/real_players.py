@@ -2067,7 +2067,10 @@ class RealPlayedCluster:
         """A snapshot's processes in the new pod: its service-account token is the new pod's
         (the kubelet projects it into the restored sandbox; the old one died with the old pod),
         what a workload checkpoint owes its reader is answered, and they are thawed."""
-        (container.workdir / "sa" / "token").write_text(self.service_account_token(pod))
+        if (
+            container.workdir / "sa"
+        ).is_dir():  # a pod without automountServiceAccountToken has none
+            (container.workdir / "sa" / "token").write_text(self.service_account_token(pod))
         with self.lock:
             container.pod_uid = known.uid
             container.pod_name = known.name

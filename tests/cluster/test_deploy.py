@@ -62,6 +62,7 @@ KUBEFLOW = KERNEL_PODS / "kubeflow"
 MANIFESTS = {
     DEPLOY / "rbac-user.yaml": {"NAMESPACE": "", "USER": "alice@example.com"},
     DEPLOY / "kernel-pods" / "rbac.yaml": {"NAMESPACE": "", "SERVICE_ACCOUNT": "jupyter-server"},
+    DEPLOY / "kernel-pods" / "podsnapshot-policy.yaml": {"NAMESPACE": ""},
     mode_file("gke-workspaces", "workspacekind.yaml"): {},
     mode_file("gke-workspaces", "clusterrole.yaml"): {},
     mode_file("gke-workspaces", "rbac-workspace.yaml"): {"NAMESPACE": "", "WORKSPACE": "lab-gke"},

@@ -171,7 +171,7 @@ def test_a_resume_without_a_free_gpu_waits_with_the_schedulers_reason_past_the_l
     asyncio.run(scenario())
 
 
-def test_the_shipped_rbac_lets_the_servers_account_manage_pods_in_its_namespace_only(
+def test_the_shipped_rbac_lets_the_servers_account_manage_and_snapshot_pods_in_its_namespace_only(
     kernel_pods: KernelPods,
 ) -> None:
     from kubernetes import client
@@ -180,8 +180,11 @@ def test_the_shipped_rbac_lets_the_servers_account_manage_pods_in_its_namespace_
     # the provisioner calls the API (the Kubernetes client's default configuration)
     namespace = kernel_pods.namespace
     verbs = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+    snapshots = "podsnapshot.gke.io"
     resources = ("pods", "pods/exec", "pods/log", "pods/status", "secrets", "configmaps",
-                 "services", "serviceaccounts", "events")  # fmt: skip
+                 "services", "serviceaccounts", "events", f"{snapshots}:podsnapshotpolicies",
+                 f"{snapshots}:podsnapshotmanualtriggers", f"{snapshots}:podsnapshots",
+                 f"{snapshots}:podsnapshotstorageconfigs")  # fmt: skip
 
     # When the API server is asked about every verb on each resource, here and in "default"
     allowed = set()
@@ -189,9 +192,15 @@ def test_the_shipped_rbac_lets_the_servers_account_manage_pods_in_its_namespace_
         authorization = client.AuthorizationV1Api(api)
         for where in (namespace, "default"):
             for resource in resources:
-                kind, _, sub = resource.partition("/")
+                api_group, _, named = resource.rpartition(":")
+                kind, _, sub = named.partition("/")
                 for verb in verbs:
-                    attributes = {"namespace": where, "verb": verb, "resource": kind}
+                    attributes = {
+                        "namespace": where,
+                        "verb": verb,
+                        "resource": kind,
+                        "group": api_group,
+                    }
                     if sub:
                         attributes["subresource"] = sub
                     review = authorization.create_self_subject_access_review(
@@ -200,8 +209,14 @@ def test_the_shipped_rbac_lets_the_servers_account_manage_pods_in_its_namespace_
                     if review.status.allowed:
                         allowed.add((where, resource, verb))
 
-    # Then it may create, delete, get, list and watch pods in its own namespace, nothing else
-    wanted = {(namespace, "pods", v) for v in ("create", "delete", "get", "list", "watch")}
+    # Then it may manage pods and snapshot them in its own namespace, nothing else
+    wanted = {
+        *((namespace, "pods", v) for v in ("create", "delete", "get", "list", "watch", "patch")),
+        (namespace, f"{snapshots}:podsnapshotpolicies", "list"),
+        *((namespace, f"{snapshots}:podsnapshotmanualtriggers", v)
+          for v in ("create", "get", "delete")),
+        *((namespace, f"{snapshots}:podsnapshots", v) for v in ("get", "delete")),
+    }  # fmt: skip
     assert allowed == wanted, allowed ^ wanted
 
 

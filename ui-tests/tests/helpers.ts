@@ -37,11 +37,17 @@ export class PauseHelper {
   }
 
   /**
-   * Write a notebook (python3 kernelspec, one code cell) and open it.
+   * Write a notebook (one code cell, the python3 kernelspec or `kernel`) and
+   * open it.
    *
    * Created under its final name: no rename after its kernel started.
    */
-  async openNotebook(tmpPath: string, name: string, source = ''): Promise<void> {
+  async openNotebook(
+    tmpPath: string,
+    name: string,
+    source = '',
+    kernel = { name: 'python3', display_name: 'Python 3 (ipykernel)' }
+  ): Promise<void> {
     const notebook = {
       cells: [
         {
@@ -54,11 +60,7 @@ export class PauseHelper {
         }
       ],
       metadata: {
-        kernelspec: {
-          display_name: 'Python 3 (ipykernel)',
-          language: 'python',
-          name: 'python3'
-        }
+        kernelspec: { ...kernel, language: 'python' }
       },
       nbformat: 4,
       nbformat_minor: 5

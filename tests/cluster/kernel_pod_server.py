@@ -1,0 +1,56 @@
+"""A jupyter server on the kernel-pod backend, outside pytest: what ``bench/kernel_pods_rush.py``
+and the kernel-pods galata test (``kernel_pods_lab.py``) start on the real control plane.
+
+The setting is the one ``kernel_pod_fixtures.py`` gives the pytest tests: the server's
+ServiceAccount with the shipped RBAC (its token in a kubeconfig, as a pod's own account would
+be), the shipped kernelspec installed by its script, and the kernel pod template's values in the
+server's environment (jupyter-server gives its kernels its own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .deploy_manifests import service_account_token
+from .real_players import POOL_LABEL, RealPlayedCluster, core
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNEL_PODS = ROOT / "deploy" / "kernel-pods"
+KERNEL_NAME = "python-gpu-pod"
+ACCOUNT = "jupyter-server"
+
+
+def kernel_pod_server_env(chain: RealPlayedCluster, folder: Path) -> dict[str, str]:
+    """The environment of a jupyter server on the kernel-pod backend in ``chain``'s namespace,
+    its kernels' pods on ``chain``'s nodes; ``folder`` holds its kubeconfig and kernelspec."""
+    plane = chain.plane
+    folder.mkdir(parents=True, exist_ok=True)
+    chain.api.create(core(chain.namespace, "serviceaccounts"), {"metadata": {"name": ACCOUNT}})
+    plane.apply_file(KERNEL_PODS / "rbac.yaml", NAMESPACE=chain.namespace, SERVICE_ACCOUNT=ACCOUNT)
+    token = service_account_token(plane, chain.namespace, ACCOUNT)
+    kubeconfig = plane.credentials(token).kubeconfig(folder / "server.kubeconfig", chain.namespace)
+    subprocess.run(
+        ["sh", str(KERNEL_PODS / "install-kernelspec.sh"), str(folder / "jupyter" / "kernels")],
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        check=True,
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("JUPYTER", "KUBE", "KERNEL_", "GP_"))
+    }
+    env.update(
+        JUPYTER_PATH=str(folder / "jupyter"),
+        JUPYTER_RUNTIME_DIR=str(folder / "runtime"),
+        KUBECONFIG=str(kubeconfig),
+        GP_USE_INCLUSTER_CONFIG="false",  # the kubeconfig, as outside a pod
+        KERNEL_USERNAME="alice",
+        KERNEL_NAMESPACE=chain.namespace,
+        KERNEL_NODE_SELECTOR=json.dumps({POOL_LABEL: chain.pool}),
+    )
+    return env

@@ -1,0 +1,75 @@
+"""JupyterLab on the kernel-pod backend, for the kernel-pods galata test.
+
+``python -m tests.cluster.kernel_pods_lab`` (what ``ui-tests/playwright-kernel-pods.config.js``
+starts) brings up the real control plane of the cluster tests (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler), plays the kubelet of one node of one
+``nvidia.com/gpu`` (a kernel pod the scheduler puts there becomes a real ipykernel process on
+this machine), and runs ``jupyter lab`` with ``ui-tests/jupyter_server_kernel_pods_config.py``
+in the setting ``kernel_pod_server.py`` makes. It serves until SIGTERM or SIGINT, then stops
+JupyterLab (its kernels' pods deleted), the played cluster and the control plane.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import FrameType
+
+from .control_plane import ControlPlane, apiserver_binary, kube_binary
+from .kernel_pod_server import ROOT, kernel_pod_server_env
+from .real_players import real_played_cluster
+
+CONFIG = ROOT / "ui-tests" / "jupyter_server_kernel_pods_config.py"
+
+
+def main() -> int:
+    stopping = False
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    with tempfile.TemporaryDirectory(prefix="jp-kernel-pods-lab-") as tmp:
+        folder = Path(tmp)
+        (folder / "control-plane").mkdir()
+        plane = ControlPlane(
+            folder / "control-plane",
+            apiserver_binary(),
+            controller_manager=kube_binary("kube-controller-manager"),
+            scheduler=kube_binary("kube-scheduler"),
+        )
+        plane.start()
+        try:
+            with real_played_cluster(plane, folder / "cluster") as chain:
+                chain.node("gpu", gpus=1)
+                env = kernel_pod_server_env(chain, folder / "server")
+                lab = subprocess.Popen(
+                    [sys.executable, "-m", "jupyter", "lab", f"--config={CONFIG}"],
+                    env=env,
+                    cwd=CONFIG.parent,
+                )
+                print(f"kernel-pods lab: namespace {chain.namespace}, node {chain.nodes[0]}")
+                try:
+                    while not stopping and lab.poll() is None:
+                        chain.check()
+                        time.sleep(0.5)
+                finally:
+                    if lab.poll() is None:
+                        lab.send_signal(signal.SIGINT)  # jupyter's own shutdown: kernels first
+                        try:
+                            lab.wait(60)
+                        except subprocess.TimeoutExpired:
+                            lab.kill()
+                return lab.returncode or 0
+        finally:
+            plane.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
