@@ -622,7 +622,12 @@ def access(plane: ControlPlane, namespace: str, account: str) -> set[tuple[str, 
     with plane.credentials(token).api_client() as api:
         authorization = client.AuthorizationV1Api(api)
         for where in (namespace, "default"):
-            for group, resource in (("", "pods"), ("", "secrets"), ("kubeflow.org", "workspaces")):
+            for group, resource in (
+                ("", "pods"),
+                ("", "secrets"),
+                ("kubeflow.org", "workspaces"),
+                ("podsnapshot.gke.io", "podsnapshots"),
+            ):
                 for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
                     attributes = {"namespace": where, "verb": verb, "group": group}
                     attributes["resource"] = resource
@@ -687,11 +692,15 @@ def test_the_kernel_pods_kind_is_a_cpu_server_with_the_kernel_pod_rbacs_rights(
         KERNEL_PODS / "rbac.yaml", NAMESPACE=namespace, SERVICE_ACCOUNT="jupyter-server"
     )
 
-    # Then the API server gives the Workspace's account exactly rbac.yaml's rights: pods in
-    # its namespace, nothing elsewhere
+    # Then the API server gives the Workspace's account exactly rbac.yaml's rights: pods and
+    # their snapshots in its namespace, nothing elsewhere
     workspace_rights = access(plane, namespace, "ws-lab")
     assert workspace_rights == {
-        (namespace, verb, "pods") for verb in ("create", "delete", "get", "list", "watch")
+        *(
+            (namespace, verb, "pods")
+            for verb in ("create", "delete", "get", "list", "watch", "patch")
+        ),
+        *((namespace, verb, "podsnapshots") for verb in ("get", "delete")),
     }
     assert workspace_rights == access(plane, namespace, "jupyter-server")
 
