@@ -40,8 +40,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.cluster.control_plane import ControlPlane, apiserver_binary, kube_binary  # noqa: E402
-from tests.cluster.kernel_pod_server import KERNEL_NAME, kernel_pod_server_env  # noqa: E402
+from tests.cluster.kernel_pod_server import (  # noqa: E402
+    KERNEL_NAME,
+    kernel_pod_server_env,
+    started_plane,
+)
 from tests.cluster.notebooks import RemoteServer  # noqa: E402
 from tests.cluster.real_players import RealPlayedCluster, core, real_played_cluster  # noqa: E402
 from tests.server_process import free_port, server_config, spawn_server, wait_serving  # noqa: E402
@@ -177,15 +180,8 @@ def main() -> None:
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="jp-bench-") as tmp:
         folder = Path(tmp)
-        (folder / "control-plane").mkdir()
-        plane = ControlPlane(
-            folder / "control-plane",
-            apiserver_binary(),
-            controller_manager=kube_binary("kube-controller-manager"),
-            scheduler=kube_binary("kube-scheduler"),
-        )
+        plane = started_plane(folder / "control-plane")
         try:
-            plane.start()
             for number in range(args.rounds):
                 place = folder / f"round-{number}"
                 with real_played_cluster(plane, place) as chain:

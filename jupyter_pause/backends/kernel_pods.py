@@ -57,11 +57,15 @@ class KernelPodBackend(Backend):
         session_manager: Any,
         poll_seconds: float = 0.5,
         snapshots: KernelPodSnapshots | None = None,
+        on_kernel_moved: Callable[[str], None] | None = None,
     ) -> None:
         self.kernel_manager = kernel_manager
         self.session_manager = session_manager
         self.poll_seconds = poll_seconds
         self.snapshots = snapshots or KernelPodSnapshots()
+        #: Told a kernel id once its resumed kernel runs in its new pod: the server moves the
+        #: open notebooks' connections there (``server/kernel_connections.py``).
+        self.on_kernel_moved = on_kernel_moved
         self._resumes: dict[str, asyncio.Task[None]] = {}  # kernel id -> its new pod's launch
         # Resumes whose pod has no node yet, first asked first: kernel id -> notebook path.
         self._line: dict[str, str] = {}
@@ -252,7 +256,8 @@ class KernelPodBackend(Backend):
             await self.kernel_manager.restart_kernel(kernel_id, now=True)
             if pinned and provisioner is not None:  # spent, restored or not
                 await self.snapshots.drop(provisioner.kernel_namespace, pinned)
-            self._tell_connections(kernel_id)
+            if self.on_kernel_moved is not None:
+                self.on_kernel_moved(kernel_id)
         except KernelPodError as err:
             raise StillPaused(str(err)) from None
         except Exception as err:  # the launcher's or the kernel's failure, as jupyter says it
@@ -260,14 +265,6 @@ class KernelPodBackend(Backend):
         finally:
             if provisioner is not None:
                 provisioner.on_placed = None
-
-    def _tell_connections(self, kernel_id: str) -> None:
-        """The open notebooks' websockets hear "restarting", as after jupyter's own automatic
-        restart: JupyterLab then opens a new one, whose streams go to the new pod's address
-        (jupyter-server connects a websocket's streams once, when it opens)."""
-        restarter = getattr(self.kernel_manager.get_kernel(kernel_id), "_restarter", None)
-        if restarter is not None:
-            restarter._fire_callbacks("restart")
 
     async def restore(self, session: SessionSpec, allocation: Allocation) -> RestoreOutcome:
         started = allocation.details.get("kernel_id")

@@ -331,10 +331,15 @@ class PauseApp(ExtensionApp):
             self.log.error("jupyter_pause: no kernel-pod backend: %s; using 'local'", err)
             return None
         from ..backends.kernel_pod_snapshots import KernelPodSnapshots
+        from .kernel_connections import reconnect_notebooks
 
         snapshots = KernelPodSnapshots(self.pod_snapshots, self.snapshot_timeout_seconds)
+        kernel_manager = serverapp.kernel_manager
         backend = KernelPodBackend(
-            serverapp.kernel_manager, serverapp.session_manager, snapshots=snapshots
+            kernel_manager,
+            serverapp.session_manager,
+            snapshots=snapshots,
+            on_kernel_moved=lambda kernel_id: reconnect_notebooks(kernel_manager, kernel_id),
         )
         self.log.info("jupyter_pause: kernel-pod backend (kernels in pods of their own)")
         # Each kernel pod asks the scheduler for its GPU: gpus_per_kernel defaults to 1.

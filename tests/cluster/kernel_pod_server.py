@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .control_plane import UPSTREAM_CRDS, ControlPlane, apiserver_binary, kube_binary
 from .deploy_manifests import service_account_token
 from .real_players import POOL_LABEL, RealPlayedCluster, core
 
@@ -54,3 +55,23 @@ def kernel_pod_server_env(chain: RealPlayedCluster, folder: Path) -> dict[str, s
         KERNEL_NODE_SELECTOR=json.dumps({POOL_LABEL: chain.pool}),
     )
     return env
+
+
+def started_plane(folder: Path) -> ControlPlane:
+    """The real control plane as the cluster tests' session fixture starts it (the upstream
+    CRDs, GKE Sandbox's RuntimeClass), its files in ``folder``; ``stop()`` it after use."""
+    folder.mkdir(parents=True, exist_ok=True)
+    plane = ControlPlane(
+        folder,
+        apiserver_binary(),
+        controller_manager=kube_binary("kube-controller-manager"),
+        scheduler=kube_binary("kube-scheduler"),
+    )
+    plane.start()
+    try:
+        plane.load_crds(UPSTREAM_CRDS)
+        plane.install_gvisor_runtime_class()
+    except BaseException:
+        plane.stop()
+        raise
+    return plane

@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from .control_plane import ControlPlane, apiserver_binary, kube_binary
-from .kernel_pod_server import ROOT, kernel_pod_server_env
+from .kernel_pod_server import ROOT, kernel_pod_server_env, started_plane
 from .real_players import real_played_cluster
 
 CONFIG = ROOT / "ui-tests" / "jupyter_server_kernel_pods_config.py"
@@ -37,14 +36,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, stop)
     with tempfile.TemporaryDirectory(prefix="jp-kernel-pods-lab-") as tmp:
         folder = Path(tmp)
-        (folder / "control-plane").mkdir()
-        plane = ControlPlane(
-            folder / "control-plane",
-            apiserver_binary(),
-            controller_manager=kube_binary("kube-controller-manager"),
-            scheduler=kube_binary("kube-scheduler"),
-        )
-        plane.start()
+        plane = started_plane(folder / "control-plane")
         try:
             with real_played_cluster(plane, folder / "cluster") as chain:
                 chain.node("gpu", gpus=1)
@@ -61,7 +53,7 @@ def main() -> int:
                         time.sleep(0.5)
                 finally:
                     if lab.poll() is None:
-                        lab.send_signal(signal.SIGINT)  # jupyter's own shutdown: kernels first
+                        lab.terminate()  # jupyter-server stops its kernels (their pods) first
                         try:
                             lab.wait(60)
                         except subprocess.TimeoutExpired:
