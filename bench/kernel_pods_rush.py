@@ -17,7 +17,10 @@ side, polling the server's REST API and the API server every 0.1 s:
   column against the first place's (a resume that found a GPU free, in the same round);
 * whether the notebooks were served in request order, and how many pods each resume made;
 * GPU idle while someone waits: GPU-seconds with a GPU free (no kernel pod on it) while a
-  resume waits without a pod on a node, summed over the round.
+  resume waits for one, summed over the round, counted two ways: while a resume is
+  ``waiting-for-resources`` (held in this server's line, or its pod unschedulable), and while
+  any resume is not ready without a pod on a node (this adds the time a pod takes to be made:
+  the launcher's start, the API server, the scheduler).
 
 The rounds run one after another (one method: the order of the methods cannot be rotated);
 the table gives medians (ranges) over the rounds.
@@ -49,7 +52,7 @@ from tests.cluster.notebooks import RemoteServer  # noqa: E402
 from tests.cluster.real_players import RealPlayedCluster, core, real_played_cluster  # noqa: E402
 from tests.server_process import free_port, server_config, spawn_server, wait_serving  # noqa: E402
 
-WAITING = ("resuming", "waiting-for-resources")
+NOT_READY = ("resuming", "waiting-for-resources")
 
 
 def start_server(chain: RealPlayedCluster, folder: Path) -> tuple[subprocess.Popen, RemoteServer]:
@@ -102,7 +105,7 @@ def rush(chain: RealPlayedCluster, server: RemoteServer, notebooks: int, gpus: i
     ready: dict[str, float] = {}
     pods_seen: dict[str, set[str]] = {path: set() for path in paths}
     paused_again: set[str] = set()
-    idle = 0.0
+    idle = idle_unplaced = 0.0
     last = time.monotonic()
     deadline = last + 600
     while len(paused_again) < notebooks:
@@ -120,8 +123,11 @@ def rush(chain: RealPlayedCluster, server: RemoteServer, notebooks: int, gpus: i
                 placed.add(path)
         now = time.monotonic()
         on_gpus = sum(1 for p in pods if p["spec"].get("nodeName"))  # held until deleted
-        waiting = [p for p in paths if states[p]["state"] in WAITING and p not in placed]
-        idle += min(max(gpus - on_gpus, 0), len(waiting)) * (now - last)
+        free = max(gpus - on_gpus, 0)
+        held = [p for p in paths if states[p]["state"] == "waiting-for-resources"]
+        unplaced = [p for p in paths if states[p]["state"] in NOT_READY and p not in placed]
+        idle += min(free, len(held)) * (now - last)
+        idle_unplaced += min(free, len(unplaced)) * (now - last)
         last = now
         for path in paths:
             state = states[path]["state"]
@@ -138,6 +144,7 @@ def rush(chain: RealPlayedCluster, server: RemoteServer, notebooks: int, gpus: i
         "in_order": served == paths,
         "pods": [len(pods_seen[p]) for p in paths],
         "idle_gpu_s": idle,
+        "idle_unplaced_gpu_s": idle_unplaced,
     }
 
 
@@ -164,7 +171,10 @@ def table(args: argparse.Namespace, rounds: list[dict[str, Any]]) -> str:
     lines += [
         "",
         f"served in request order: {in_order} of {len(rounds)} rounds",
-        f"GPU idle while someone waited: {spread([r['idle_gpu_s'] for r in rounds])} GPU-s",
+        "GPU idle while a resume waited for one (waiting-for-resources): "
+        f"{spread([r['idle_gpu_s'] for r in rounds])} GPU-s",
+        "GPU idle while a resume had no pod on a node yet (pods being made included): "
+        f"{spread([r['idle_unplaced_gpu_s'] for r in rounds])} GPU-s",
     ]
     return "\n".join(lines)
 

@@ -154,6 +154,26 @@ def kernel_pods(
             ResponseManager.clear_instance()
 
 
+def kernel_pod_server_config(
+    kernel_pods: KernelPods,
+    pause_store: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    launch_timeout: int,
+) -> dict[str, Any]:
+    """A jupyter_server's config on the kernel-pod backend; the kernel pods' template values in
+    the server's environment (jupyter-server gives its kernels its own), as a deployment sets
+    them; the restarter looks every 0.5 s."""
+    from ..servers import pause_server_config
+
+    for name, value in kernel_pods.env().items():
+        if name.startswith("KERNEL_"):
+            monkeypatch.setenv(name, value)
+    config = pause_server_config(pause_store, backend="kernel-pod")
+    config["KernelPodProvisioner"] = {"launch_timeout": launch_timeout}
+    config["KernelRestarter"] = {"time_to_dead": 0.5}
+    return config
+
+
 async def run_cell(manager: Any, code: str, timeout: float = 60) -> str:
     """Run ``code`` in the kernel over its channels; its stdout (a failed cell fails the test)."""
     kernel = manager.client()

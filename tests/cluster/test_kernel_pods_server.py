@@ -19,8 +19,14 @@ from typing import Any
 
 import pytest
 
-from ..servers import Server, pause_server_config
-from .kernel_pod_fixtures import KERNEL_NAME, KernelPods, scheduled, until
+from ..servers import Server
+from .kernel_pod_fixtures import (
+    KERNEL_NAME,
+    KernelPods,
+    kernel_pod_server_config,
+    scheduled,
+    until,
+)
 from .real_players import core
 
 pytest.importorskip("gateway_provisioners", reason="the kernel-pod backend's tests")
@@ -35,13 +41,7 @@ def jp_server_config(
 ) -> dict:
     """The kernel-pod backend; the kernel pods' template values in the server's environment
     (jupyter-server gives its kernels its own), as a deployment sets them."""
-    for name, value in kernel_pods.env().items():
-        if name.startswith("KERNEL_"):
-            monkeypatch.setenv(name, value)
-    config = pause_server_config(pause_store, backend="kernel-pod")
-    config["KernelPodProvisioner"] = {"launch_timeout": LAUNCH_TIMEOUT}
-    config["KernelRestarter"] = {"time_to_dead": 0.5}
-    return config
+    return kernel_pod_server_config(kernel_pods, pause_store, monkeypatch, LAUNCH_TIMEOUT)
 
 
 @pytest.fixture
@@ -141,6 +141,19 @@ async def other_team_holds_the_gpu(kernel_pods: KernelPods) -> tuple[str, str]:
     return namespace, other
 
 
+async def a_resume_waiting_for_the_gpu(server: Server, kernel_pods: KernelPods) -> str:
+    """A paused GPU notebook resumed while another team's pod holds the only GPU: its kernel id,
+    once the resume says the scheduler's reason."""
+    kernel_id, _ = await a_paused_gpu_notebook(server, kernel_pods)
+    await other_team_holds_the_gpu(kernel_pods)
+    code, _ = await server.call("POST", "resume", NOTEBOOK)
+    assert code == 202
+    await server.wait_for(
+        NOTEBOOK, lambda r: "Insufficient nvidia.com/gpu" in (r["message"] or ""), timeout=60
+    )
+    return kernel_id
+
+
 async def test_a_pause_frees_the_gpu_and_a_resume_brings_the_same_kernel_back_from_files(
     pod_server: Server, kernel_pods: KernelPods, jp_ws_fetch: Any
 ) -> None:
@@ -225,16 +238,12 @@ async def test_a_resume_waits_for_a_gpu_with_the_schedulers_reason_and_is_joined
     server = pod_server
     cluster = kernel_pods.cluster
 
-    # Given a paused GPU notebook, and another team's pod holding the only GPU
-    kernel_id, _ = await a_paused_gpu_notebook(server, kernel_pods)
-    await other_team_holds_the_gpu(kernel_pods)
-
-    # When it is resumed
-    code, _ = await server.call("POST", "resume", NOTEBOOK)
-    assert code == 202
+    # Given a paused GPU notebook resumed while another team's pod holds the only GPU
+    kernel_id = await a_resume_waiting_for_the_gpu(server, kernel_pods)
 
     # Then it waits for resources, saying the scheduler's reason and its place
-    waiting = await server.wait_state(NOTEBOOK, "waiting-for-resources", timeout=60)
+    _, waiting = await server.call("GET", "sessions", NOTEBOOK)
+    assert waiting["state"] == "waiting-for-resources", waiting
     assert "Insufficient nvidia.com/gpu" in waiting["message"], waiting
     assert "1st in line; the scheduler says: 0/" in waiting["message"], waiting
     assert waiting["queue_position"] == 1
@@ -471,11 +480,7 @@ async def test_a_resume_waiting_for_a_gpu_restores_on_cpu_when_asked_in_a_pod_wi
     cluster = kernel_pods.cluster
 
     # Given a paused GPU notebook whose resume waits: another team holds the only GPU
-    kernel_id, _ = await a_paused_gpu_notebook(server, kernel_pods)
-    await other_team_holds_the_gpu(kernel_pods)
-    code, _ = await server.call("POST", "resume", NOTEBOOK)
-    assert code == 202
-    await server.wait_for(NOTEBOOK, lambda r: "Insufficient nvidia.com/gpu" in (r["message"] or ""))
+    kernel_id = await a_resume_waiting_for_the_gpu(server, kernel_pods)
 
     # When the user asks for it on CPU now
     code, record = await server.call("POST", "resume", NOTEBOOK, body={"accelerators": "none"})
@@ -504,3 +509,47 @@ async def test_a_resume_waiting_for_a_gpu_restores_on_cpu_when_asked_in_a_pod_wi
     (pod,) = kernel_pods.kernel_pods()
     (container,) = pod["spec"]["containers"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1", container
+
+
+async def test_the_idle_policy_frees_an_idle_kernel_pod_never_a_busy_one_while_the_ui_stays(
+    pod_server: Server, kernel_pods: KernelPods, jp_ws_fetch: Any
+) -> None:
+    server = pod_server
+    cluster = kernel_pods.cluster
+    policy = server.orchestrator.policy
+    policy.idle_pause_minutes = 0.0005  # 30 ms
+    policy.kernelspec_overrides = {}
+
+    # Given a GPU notebook open in a tab (its websocket), whose kernel pod runs a long cell
+    kernel_id = await open_gpu_notebook(server)
+    tab = await jp_ws_fetch("api", "kernels", kernel_id, "channels", params={"session_id": "t"})
+    await server.run(kernel_id, "x = 41")
+    await server.watched(NOTEBOOK)
+    running = asyncio.ensure_future(execute_over(tab, "import time; time.sleep(3); print('done')"))
+    await server.wait_for(NOTEBOOK, lambda r: r["busy"])
+
+    # Then the idle policy leaves it while the cell runs, however long past the threshold
+    await asyncio.sleep(0.5)
+    assert await server.orchestrator.check_idle() == []
+    assert await running == "done\n"
+
+    # When it has been idle past the threshold, the tab still open (not activity)
+    await asyncio.sleep(0.1)
+    assert await server.orchestrator.check_idle() == [NOTEBOOK]
+
+    # Then it is paused: its pod (and GPU) gone, while the notebook's session and kernel stay
+    paused = await server.wait_state(NOTEBOOK, "paused", "active")
+    assert paused["state"] == "paused" and paused["kernel_id"] == kernel_id, paused
+    await until(lambda: kernel_pods.kernel_pods() == [], 60, "no kernel pod", cluster)
+    sessions = json.loads((await server.fetch("api", "sessions")).body)
+    assert [(s["path"], s["kernel"]["id"]) for s in sessions] == [(NOTEBOOK, kernel_id)]
+    _, timeline = await server.call("GET", "timeline", NOTEBOOK)
+    (asked,) = [e for e in timeline["events"] if e["kind"] == "pause_requested"]
+    assert asked["data"]["reason"].startswith("idle for"), asked
+    # and a resume brings it back in the same kernel
+    code, _ = await server.call("POST", "resume", NOTEBOOK)
+    assert code == 202
+    ready = await server.wait_state(NOTEBOOK, "ready", "partial", "failed", "paused")
+    assert ready["state"] == "ready" and ready["kernel_id"] == kernel_id, ready
+    assert await server.run(kernel_id, "print(x + 1)") == "42\n"
+    tab.close()

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from ..servers import Server, pause_server_config
-from .kernel_pod_fixtures import KERNEL_PODS, KernelPods, until
+from ..servers import Server
+from .kernel_pod_fixtures import KERNEL_PODS, KernelPods, kernel_pod_server_config, until
 from .test_kernel_pods_server import NOTEBOOK, open_gpu_notebook
 
 pytest.importorskip("gateway_provisioners", reason="the kernel-pod backend's tests")
@@ -32,18 +32,12 @@ def jp_server_config(
 ) -> dict:
     """The kernel-pod backend, its kernel pods in GKE Sandbox (as the admin's kernelspec or the
     server's environment says), the shipped snapshot policy in the namespace."""
-    for name, value in kernel_pods.env().items():
-        if name.startswith("KERNEL_"):
-            monkeypatch.setenv(name, value)
     monkeypatch.setenv("KERNEL_RUNTIME_CLASS_NAME", "gvisor")
     kernel_pods.cluster.node("sandbox-gpu", gpus=1, sandbox=True)
     kernel_pods.cluster.plane.apply_file(
         KERNEL_PODS / "podsnapshot-policy.yaml", NAMESPACE=kernel_pods.namespace
     )
-    config = pause_server_config(pause_store, backend="kernel-pod")
-    config["KernelPodProvisioner"] = {"launch_timeout": 30}
-    config["KernelRestarter"] = {"time_to_dead": 0.5}
-    return config
+    return kernel_pod_server_config(kernel_pods, pause_store, monkeypatch, 30)
 
 
 @pytest.fixture
