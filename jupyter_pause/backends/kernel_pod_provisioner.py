@@ -120,8 +120,11 @@ class KernelPodProvisioner(KubernetesProvisioner):
         self.on_placed: Callable[[], None] | None = None
         #: The next launch's pod asks for no GPU (a resume on CPU, asked by the user).
         self.without_gpus = False
-        #: The pod snapshot the next launch's pod pins (taken at the pause); None: a cold start.
+        #: The pod snapshot taken at the pause, until a launch of this kernel succeeds.
         self.snapshot: str | None = None
+        #: The snapshot the next launch's pod pins: set by a resume (``resume_kernel`` or the
+        #: backend), never by a user's Restart Kernel, which asks for a fresh process.
+        self.pin_snapshot: str | None = None
         #: The snapshot the last launch's pod was restored from (the same kernel process, live).
         self.restored_from: str | None = None
         #: What the kernel's launcher sent at its start (ports, key, its listener): a kernel
@@ -149,8 +152,9 @@ class KernelPodProvisioner(KubernetesProvisioner):
             self.without_gpus = False
             for name in GPU_VARIABLES:
                 kwargs["env"].pop(name, None)
-        elif self.resuming and self.snapshot:  # a GPU process's snapshot needs its GPU
-            kwargs["env"][SNAPSHOT_VARIABLE] = self.snapshot
+        elif self.resuming and self.pin_snapshot:  # a GPU process's snapshot needs its GPU
+            kwargs["env"][SNAPSHOT_VARIABLE] = self.pin_snapshot
+        self.pin_snapshot = None
         self._pinned = kwargs["env"].get(SNAPSHOT_VARIABLE)
         self.restored_from = None
         self._pod_restored = None
@@ -418,4 +422,5 @@ async def resume_kernel(manager: Any) -> None:
         raise KernelPodError(f"kernel {manager.kernel_id} is not a kernel pod")
     if not provisioner.paused:
         raise KernelPodError(f"kernel {manager.kernel_id} is not paused: nothing to resume")
+    provisioner.pin_snapshot = provisioner.snapshot
     await manager.restart_kernel(now=True)

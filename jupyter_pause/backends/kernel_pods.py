@@ -248,6 +248,7 @@ class KernelPodBackend(Backend):
             provisioner.on_placed = lambda: self._leave_line(kernel_id)
             provisioner.without_gpus = not gpus
             pinned = provisioner.snapshot if gpus else None
+            provisioner.pin_snapshot = pinned
         try:
             # Returns once the new pod's kernel sent its connection info. Its kernel_info
             # future is not awaited: on a restart that changes the ports (a new pod always

@@ -153,3 +153,29 @@ async def test_without_a_snapshot_policy_a_pause_says_why_and_the_resume_is_from
     assert PIN not in (pod["metadata"].get("annotations") or {})
     assert "jupyter-pause.io/kernel-snapshots" not in pod["metadata"]["labels"]
     assert await server.run(kernel_id, "print(sum(weights) + step)") == "45.0\n"
+
+
+async def test_restart_kernel_on_a_paused_kernel_pod_gives_a_fresh_process_not_its_snapshot(
+    pod_server: Server, kernel_pods: KernelPods
+) -> None:
+    server = pod_server
+    cluster = kernel_pods.cluster
+    # Given a paused GPU notebook whose pod was snapshotted
+    kernel_id = await open_gpu_notebook(server)
+    await server.run(kernel_id, LIVE_ONLY)
+    await server.watched(NOTEBOOK)
+    await pause(server)
+    assert len(cluster.snapshot_names()) == 1
+
+    # When the user presses Restart Kernel (JupyterLab's POST .../restart)
+    await server.fetch("api", "kernels", kernel_id, "restart", method="POST", body="{}")
+
+    # Then the kernel is a fresh process in a pod that pins no snapshot
+    (pod,) = kernel_pods.kernel_pods()
+    assert PIN not in (pod["metadata"].get("annotations") or {}), pod["metadata"]
+    assert "jupyter-pause.io/kernel-snapshots" not in pod["metadata"]["labels"]
+    assert await server.run(kernel_id, "print('weights' in dir())") == "False\n"
+    # and a resume restores the checkpoint into it from files, never calling it live
+    ready = await resume(server)
+    assert ready["state"] == "ready" and ready["how"] == "files", ready
+    assert await server.run(kernel_id, "print(sum(weights) + step)") == "45.0\n"
