@@ -173,8 +173,8 @@ async def test_the_drill_fails_when_the_gpu_is_not_released(
 class RestoresTwice(Resumes):
     """Starts another restore for a resume request while one is in flight (never joins)."""
 
-    async def start(self, record: Any) -> Any:
-        record = await super().start(record)
+    async def start(self, record: Any, on_cpu: bool = False) -> Any:
+        record = await super().start(record, on_cpu)
         task = self.sessions.tasks.get(record.path)
         started = self.__dict__.setdefault("started_restores", set())  # (set by __class__)
         if task is not None and task in started:  # this request joined: start another anyway

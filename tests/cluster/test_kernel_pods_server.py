@@ -223,6 +223,7 @@ async def test_a_pause_frees_the_gpu_and_a_resume_brings_the_same_kernel_back_fr
     # reconnects at once, without a "kernel restarting" dialog)
     while await asyncio.wait_for(tab.read_message(), 30) is not None:
         pass
+    tab.close()  # the client's side too (tornado warns of an unclosed one when collected)
     assert tab.close_code == 1012, (tab.close_code, tab.close_reason)
     # and its reconnection, the same session, reaches the new pod (not the old pod's streams
     # jupyter-server kept for that session)
@@ -512,7 +513,7 @@ async def test_a_resume_waiting_for_a_gpu_restores_on_cpu_when_asked_in_a_pod_wi
 
 
 async def test_the_idle_policy_frees_an_idle_kernel_pod_never_a_busy_one_while_the_ui_stays(
-    pod_server: Server, kernel_pods: KernelPods, jp_ws_fetch: Any
+    pod_server: Server, kernel_pods: KernelPods, jp_ws_fetch: Any, request: pytest.FixtureRequest
 ) -> None:
     server = pod_server
     cluster = kernel_pods.cluster
@@ -523,6 +524,7 @@ async def test_the_idle_policy_frees_an_idle_kernel_pod_never_a_busy_one_while_t
     # Given a GPU notebook open in a tab (its websocket), whose kernel pod runs a long cell
     kernel_id = await open_gpu_notebook(server)
     tab = await jp_ws_fetch("api", "kernels", kernel_id, "channels", params={"session_id": "t"})
+    request.addfinalizer(tab.close)
     await server.run(kernel_id, "x = 41")
     await server.watched(NOTEBOOK)
     running = asyncio.ensure_future(execute_over(tab, "import time; time.sleep(3); print('done')"))
@@ -552,4 +554,3 @@ async def test_the_idle_policy_frees_an_idle_kernel_pod_never_a_busy_one_while_t
     ready = await server.wait_state(NOTEBOOK, "ready", "partial", "failed", "paused")
     assert ready["state"] == "ready" and ready["kernel_id"] == kernel_id, ready
     assert await server.run(kernel_id, "print(x + 1)") == "42\n"
-    tab.close()
