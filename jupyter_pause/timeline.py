@@ -23,6 +23,7 @@ EVENT_KINDS = (
     "kernel_stopped",  # the process (or pod) is gone
     "gpu_released",  # the accelerator is back in the pool (measured where possible)
     "resume_requested",
+    "waiting_for_resources",  # the resume waits for a GPU; data: place, reason (each new place)
     "resources_acquired",  # an accelerator was granted again
     "state_restored",  # data: how (live|files), restored, failed; token_matched (live: proven)
     "checkpoint_restored",  # a running session restored from a checkpoint in the notebook

@@ -315,6 +315,8 @@ export function describeEvent(event: ITimelineEvent): string {
         : 'GPU released back to the pool';
     case 'resume_requested':
       return 'Resume requested';
+    case 'waiting_for_resources':
+      return `Waiting for a GPU, number ${data.place ?? '?'} in line: ${data.reason ?? ''}`;
     case 'resources_acquired':
       return names(data.gpus).length
         ? `GPU ${list(names(data.gpus))} granted`

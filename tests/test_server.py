@@ -275,6 +275,9 @@ async def test_resume_waits_for_a_gpu_first_come_first_served(server: Server) ->
     waiting = await server.wait_state("a.ipynb", "waiting-for-resources")
     assert waiting["queue_position"] == 1
     assert "all 1 GPU(s) are in use (by b.ipynb)" in waiting["message"]
+    _, timeline = await server.call("GET", "timeline", "a.ipynb")
+    (queued,) = [e["data"] for e in timeline["events"] if e["kind"] == "waiting_for_resources"]
+    assert queued["place"] == 1 and "in use (by b.ipynb)" in queued["reason"], queued
     _, status = await server.call("GET", "status")
     assert status["resources"]["queue"] == ["a.ipynb"] and status["resources"]["gpus_free"] == 0
 

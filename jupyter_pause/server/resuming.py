@@ -155,6 +155,8 @@ class Resumes:
             session = spec(record)
 
             def on_queued(place: int, reason: str) -> None:
+                if place != record.queue_position:  # the timeline keeps each place, with why
+                    record.timeline.add("waiting_for_resources", place=place, reason=reason)
                 sessions.set(
                     record,
                     "waiting-for-resources",

@@ -89,6 +89,19 @@ describe('usesGpus', () => {
 });
 
 describe('describeEvent', () => {
+  it('says where a resume waits in line, and why', () => {
+    expect(
+      describeEvent(
+        ev('waiting_for_resources', 1, {
+          place: 2,
+          reason: '2nd in line; 1 resume on this server gets a GPU first'
+        })
+      )
+    ).toBe(
+      'Waiting for a GPU, number 2 in line: 2nd in line; 1 resume on this server gets a GPU first'
+    );
+  });
+
   it('says what happened in plain words, never raw JSON', () => {
     const restored = describeEvent(
       ev('state_restored', 1, {

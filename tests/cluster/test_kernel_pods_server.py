@@ -470,6 +470,12 @@ async def test_a_morning_rush_is_served_in_request_order_each_showing_its_place(
         _, timeline = await server.call("GET", "timeline", path)
         kinds = [e["kind"] for e in timeline["events"]]
         assert kinds.count("state_restored") == 1, kinds
+    # and the timeline of each kept the places it waited at, with why
+    _, timeline = await server.call("GET", "timeline", "c.ipynb")
+    places = [e["data"] for e in timeline["events"] if e["kind"] == "waiting_for_resources"]
+    order = [p["place"] for p in places]  # 3rd while a's pod had no node yet, then 2nd, 1st
+    assert order[-2:] == [2, 1] and order == sorted(set(order), reverse=True), places
+    assert "Insufficient nvidia.com/gpu" in places[-1]["reason"], places
     pods = [p["metadata"]["labels"]["kernel_id"] for p in kernel_pods.kernel_pods()]
     assert sorted(pods) == sorted([kernels["b.ipynb"], kernels["c.ipynb"]]), pods
 
