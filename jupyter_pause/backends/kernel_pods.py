@@ -23,7 +23,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from .base import (
@@ -124,9 +124,7 @@ class KernelPodBackend(Backend):
             if not provisioner.paused:
                 return Allocation(granted_at=time.time())
             if session.gpus == 0:  # on CPU: no GPU to wait in line for
-                launch = asyncio.create_task(self._restart(kernel_id, gpus=False))
-                self._resumes[kernel_id] = launch
-                launch.add_done_callback(lambda _: self._resumes.pop(kernel_id, None))
+                launch = self._track(kernel_id, self._restart(kernel_id, gpus=False))
             else:
                 launch = self._join_line(kernel_id, session.path, lambda: self._restart(kernel_id))
 
@@ -179,9 +177,20 @@ class KernelPodBackend(Backend):
             finally:
                 self._leave_line(kernel_id)
 
-        task = asyncio.create_task(launch())
+        return self._track(kernel_id, launch())
+
+    def _track(self, kernel_id: str, launch: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """``launch`` as the kernel's resume in flight, which later requests join; once it
+        ends it lets go of that place only while it still holds it (a resume asked meanwhile,
+        after a cancel, may hold it already)."""
+        task = asyncio.create_task(launch)
         self._resumes[kernel_id] = task
-        task.add_done_callback(lambda _: self._resumes.pop(kernel_id, None))
+
+        def forget(done: asyncio.Task[None]) -> None:
+            if self._resumes.get(kernel_id) is done:
+                del self._resumes[kernel_id]
+
+        task.add_done_callback(forget)
         return task
 
     def _leave_line(self, kernel_id: str) -> None:
