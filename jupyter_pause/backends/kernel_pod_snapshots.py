@@ -17,13 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .base import SnapshotOutcome
-from .kube import Kube, KubeError, selector_matches
+from .kube import Kube, KubeError
 from .pod_snapshots import OwnPolicyMode
-from .workspace_modes import GVISOR_RUNTIME_CLASS, POD_SNAPSHOTS, ModeChoice, WorkspacePod
+from .workspace_modes import (
+    GVISOR_RUNTIME_CLASS,
+    POD_SNAPSHOTS,
+    ModeChoice,
+    WorkspacePod,
+    selecting_policy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +46,24 @@ class KernelPodSnapshots:
     enabled: bool = True
     timeout_seconds: float = 900.0
     poll_seconds: float = 0.5
+    _kube: Kube | None = field(default=None, init=False, repr=False)
+
+    @property
+    def kube(self) -> Kube:
+        """One client for every call, made at the first: with the Kubernetes client's default
+        configuration, the one the provisioner uses (in-cluster, or a kubeconfig)."""
+        if self._kube is None:
+            from kubernetes import client
+
+            self._kube = Kube(client.ApiClient())
+        return self._kube
 
     async def take(self, namespace: str, pod_name: str) -> SnapshotOutcome:
         """A Ready snapshot of the kernel's pod, named, or why there is none (the pause goes
         on with the checkpoint only)."""
         if not self.enabled:
             return SnapshotOutcome(None, "pod snapshots are turned off (PauseApp.pod_snapshots)")
-        from kubernetes import client  # the provisioner's configuration (in-cluster or not)
-
-        kube = Kube(client.ApiClient(), namespace)
+        kube = self.kube
         try:
             pod = await asyncio.to_thread(kube.get_pod, namespace, pod_name)
             policies = await asyncio.to_thread(kube.list_policies, namespace)
@@ -78,11 +93,8 @@ class KernelPodSnapshots:
     async def drop(self, namespace: str, name: str) -> None:
         """A snapshot a resume pinned is spent (restored, or too old after a cold start): it is
         deleted, its storage freed; a failure is only logged (the policy's retention ends it)."""
-        from kubernetes import client
-
-        kube = Kube(client.ApiClient(), namespace)
         try:
-            await asyncio.to_thread(kube.delete_snapshot, namespace, name)
+            await asyncio.to_thread(self.kube.delete_snapshot, namespace, name)
         except KubeError as err:
             if err.kind != "not-found":
                 log.warning("Pod snapshot %s of a kernel is left: %s", name, err)
@@ -92,14 +104,7 @@ def _choose(
     namespace: str, pod: dict[str, Any], labels: dict[str, str], policies: list[dict[str, Any]]
 ) -> tuple[ModeChoice | None, str]:
     """The policy that snapshots this kernel pod, or why none does."""
-    policy = next(
-        (
-            p
-            for p in policies
-            if selector_matches((p.get("spec") or {}).get("selector") or {}, labels)
-        ),
-        None,
-    )
+    policy = selecting_policy(policies, labels)
     if policy is None:
         return None, (
             f"no PodSnapshotPolicy in namespace {namespace} selects kernel pods "

@@ -6,10 +6,13 @@ JupyterLab runs on a small CPU pod; a notebook's kernel of the kernel-pods kerne
 the scheduler has its GPU back, while jupyter-server keeps the kernel, its id and the notebook's
 session. A resume is jupyter-server's own restart of that kernel, which the provisioner makes a
 new pod under the same id (so the notebook's kernel connection follows the new pod's address).
-While the scheduler has no room for it, the resume waits with the scheduler's own message and
-its place among this server's resumes waiting; then the orchestrator restores the checkpoint
-into the new kernel (a new process: always "files"). A resume joined by a second request makes
-one pod; a cancelled or refused one leaves the kernel paused, its checkpoint intact.
+Resumes wait in this server's line, first asked first served: only the first in line has a pod
+waiting for the scheduler, and the resume says its place and the scheduler's own message. Where
+the pause took a pod snapshot (``kernel_pod_snapshots.py``) the new pod pins it and the kernel
+may be the very process that paused ("live"); else the orchestrator restores the checkpoint into
+the new kernel from files. A resume on CPU skips the line and asks for no GPU. A resume joined by
+a second request makes one pod; a cancelled or refused one leaves the kernel paused, its
+checkpoint intact.
 
 A kernel that is not a kernel pod (a CPU kernel beside the server) is stopped and started again
 as the local backend does, without a GPU queue: the cluster's scheduler is the queue.

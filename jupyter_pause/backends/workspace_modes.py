@@ -89,14 +89,7 @@ def detect_mode(target: WorkspacePod, snapshots_allowed: bool = True) -> ModeCho
         policies = target.kube.list_policies(target.namespace)
     except KubeError as err:
         return ModeChoice(NO_SNAPSHOTS, f"the snapshot policies cannot be read ({err})")
-    policy = next(
-        (
-            p
-            for p in policies
-            if selector_matches((p.get("spec") or {}).get("selector") or {}, target.labels)
-        ),
-        None,
-    )
+    policy = selecting_policy(policies, target.labels)
     if policy is None:
         return ModeChoice(
             NO_SNAPSHOTS,
@@ -119,6 +112,20 @@ def detect_mode(target: WorkspacePod, snapshots_allowed: bool = True) -> ModeCho
         POD_SNAPSHOTS,
         f"GKE Pod Snapshots: PodSnapshotPolicy {name} ({kind} trigger) selects this pod",
         policy,
+    )
+
+
+def selecting_policy(
+    policies: list[dict[str, Any]], labels: dict[str, str]
+) -> dict[str, Any] | None:
+    """The first of ``policies`` (PodSnapshotPolicies) whose selector matches ``labels``."""
+    return next(
+        (
+            p
+            for p in policies
+            if selector_matches((p.get("spec") or {}).get("selector") or {}, labels)
+        ),
+        None,
     )
 
 

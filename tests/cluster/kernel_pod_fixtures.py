@@ -207,3 +207,17 @@ async def until(check: Any, timeout: float, what: str, cluster: RealPlayedCluste
 
 def scheduled(pod: dict[str, Any]) -> bool:
     return bool(pod["spec"].get("nodeName"))
+
+
+async def other_team_holds_the_gpu(kernel_pods: KernelPods) -> tuple[str, str]:
+    """Another team's pod asking one GPU, placed by the scheduler: (namespace, name)."""
+    cluster = kernel_pods.cluster
+    (other,) = cluster.block_gpus(1)
+    namespace = f"{kernel_pods.namespace}-other-team"
+    await until(
+        lambda: scheduled(cluster.api.get(core(namespace, "pods", other)) or {"spec": {}}),
+        60,
+        "the other team's GPU pod to be scheduled",
+        cluster,
+    )
+    return namespace, other

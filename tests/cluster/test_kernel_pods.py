@@ -15,7 +15,13 @@ import json
 
 import pytest
 
-from .kernel_pod_fixtures import KernelPods, run_cell, scheduled, until
+from .kernel_pod_fixtures import (
+    KernelPods,
+    other_team_holds_the_gpu,
+    run_cell,
+    scheduled,
+    until,
+)
 from .real_players import core
 
 pytest.importorskip("gateway_provisioners", reason="the kernel-pod backend's tests")
@@ -72,14 +78,7 @@ def test_a_kernel_pod_runs_pauses_without_its_gpu_and_resumes_under_its_id_from_
             assert manager.kernel_id == kernel_id and manager.has_kernel
             assert await manager.is_alive()  # paused is not dead
             # and its GPU is free: another team's GPU pod is scheduled on that node
-            (other,) = cluster.block_gpus(1)
-            other_ns = f"{kernel_pods.namespace}-other-team"
-            await until(
-                lambda: scheduled(cluster.api.get(core(other_ns, "pods", other)) or {"spec": {}}),
-                60,
-                "the other team's GPU pod to be scheduled",
-                cluster,
-            )
+            other_ns, other = await other_team_holds_the_gpu(kernel_pods)
             cluster.release_gpus()
             # and the restarter, looking every 0.5 s, brought nothing back in 5 s
             await asyncio.sleep(5)
@@ -132,14 +131,7 @@ def test_a_resume_without_a_free_gpu_waits_with_the_schedulers_reason_past_the_l
             kernel_id = manager.kernel_id
             await manager.provisioner.pause()
             # and another team's pod holding the only GPU meanwhile
-            (other,) = cluster.block_gpus(1)
-            other_ns = f"{kernel_pods.namespace}-other-team"
-            await until(
-                lambda: scheduled(cluster.api.get(core(other_ns, "pods", other)) or {"spec": {}}),
-                60,
-                "the other team's GPU pod to be scheduled",
-                cluster,
-            )
+            await other_team_holds_the_gpu(kernel_pods)
 
             # When the kernel is resumed
             resume = asyncio.create_task(resume_kernel(manager))

@@ -24,6 +24,7 @@ from .kernel_pod_fixtures import (
     KERNEL_NAME,
     KernelPods,
     kernel_pod_server_config,
+    other_team_holds_the_gpu,
     scheduled,
     until,
 )
@@ -125,20 +126,6 @@ async def execute_over(ws: Any, code: str, timeout: float = 60) -> str:
         elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             idle = True
     return "".join(out)
-
-
-async def other_team_holds_the_gpu(kernel_pods: KernelPods) -> tuple[str, str]:
-    """Another team's pod asking one GPU, placed by the scheduler: (namespace, name)."""
-    cluster = kernel_pods.cluster
-    (other,) = cluster.block_gpus(1)
-    namespace = f"{kernel_pods.namespace}-other-team"
-    await until(
-        lambda: scheduled(cluster.api.get(core(namespace, "pods", other)) or {"spec": {}}),
-        60,
-        "the other team's GPU pod to be scheduled",
-        cluster,
-    )
-    return namespace, other
 
 
 async def a_resume_waiting_for_the_gpu(server: Server, kernel_pods: KernelPods) -> str:
