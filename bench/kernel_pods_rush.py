@@ -22,18 +22,18 @@ side, polling the server's REST API and the API server every 0.1 s:
   any resume is not ready without a pod on a node (this adds the time a pod takes to be made:
   the launcher's start, the API server, the scheduler).
 
-The rounds run one after another (one method: the order of the methods cannot be rotated);
-the table gives medians (ranges) over the rounds.
+The methods are values of ``c.PauseApp.kernel_pod_launches_at_once`` (how many resumes' pods
+may be in the making at once, ``backends/resume_line.py``), each a fresh server and namespace,
+in rotated order each round; the tables give medians (ranges) over the rounds, and each place's
+time to ready against one launch at a time in the same round.
 
-    python bench/kernel_pods_rush.py --notebooks 4 --gpus 2 --rounds 3
+    python bench/kernel_pods_rush.py --notebooks 4 --gpus 2 --rounds 3 --launches 1,2,4
 """
 
 from __future__ import annotations
 
 import argparse
-import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,37 +45,14 @@ sys.path.insert(0, str(ROOT))
 
 from tests.cluster.kernel_pod_server import (  # noqa: E402
     KERNEL_NAME,
+    kernel_pod_server,
     kernel_pod_server_env,
     started_plane,
 )
 from tests.cluster.notebooks import RemoteServer  # noqa: E402
 from tests.cluster.real_players import RealPlayedCluster, core, real_played_cluster  # noqa: E402
-from tests.server_process import free_port, server_config, spawn_server, wait_serving  # noqa: E402
 
 NOT_READY = ("resuming", "waiting-for-resources")
-
-
-def start_server(chain: RealPlayedCluster, folder: Path) -> tuple[subprocess.Popen, RemoteServer]:
-    """A jupyter server on the kernel-pod backend, as the kernel-pod tests set it up."""
-    env = kernel_pod_server_env(chain, folder)
-    env["JUPYTER_CONFIG_DIR"] = str(folder)
-    root = folder / "notebooks"
-    root.mkdir()
-    port, secret = free_port(), secrets.token_hex(16)
-    config = folder / "jupyter_server_config.py"
-    config.write_text(
-        "c.ServerApp.jpserver_extensions = {'jupyter_pause': True}\n"
-        + server_config(port, secret, root)
-        + f"c.PauseApp.store_root = {str(folder / 'store')!r}\n"
-        "c.PauseApp.backend = 'kernel-pod'\n"
-        "c.PauseApp.busy_wait_seconds = 1.0\n"
-        "c.PauseApp.monitor_interval_seconds = 3600.0\n"
-    )
-    log = folder / "server.log"
-    process = spawn_server(config, env, root, log)
-    server = RemoteServer(f"http://127.0.0.1:{port}", secret)
-    wait_serving(process, server.url, secret, log)
-    return process, server
 
 
 def call(server: RemoteServer, method: str, action: str, path: str) -> dict[str, Any]:
@@ -152,30 +129,38 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
-def table(args: argparse.Namespace, rounds: list[dict[str, Any]]) -> str:
+def table(args: argparse.Namespace, results: dict[int, list[dict[str, Any]]]) -> str:
+    rounds = len(next(iter(results.values())))
     lines = [
         f"Morning rush: {args.notebooks} notebooks resumed at once on {args.gpus} GPU(s), each "
-        f"working {args.work:g} s once ready; {len(rounds)} rounds, medians (ranges)",
+        f"working {args.work:g} s once ready; {rounds} rounds, methods in rotated order, "
+        "medians (ranges); ratios against 1 launch at a time in the same round",
         "",
-        "| place | time to ready, s | vs 1st place | pods per resume |",
-        "|---|---|---|---|",
+        "| launches at once | place | time to ready, s | vs 1 at a time | pods per resume |",
+        "|---|---|---|---|---|",
     ]
-    for place in range(args.notebooks):
-        times = [r["ready_s"][place] for r in rounds]
-        ratios = [r["ready_s"][place] / r["ready_s"][0] for r in rounds]
-        pods = sorted({r["pods"][place] for r in rounds})
+    base = results.get(1)
+    for method, runs in results.items():
+        for place in range(args.notebooks):
+            times = [r["ready_s"][place] for r in runs]
+            ratio = "-"
+            if base is not None:
+                pairs = zip(runs, base, strict=True)
+                ratio = spread([r["ready_s"][place] / b["ready_s"][place] for r, b in pairs]) + "x"
+            pods = sorted({r["pods"][place] for r in runs})
+            lines.append(
+                f"| {method} | {place + 1} | {spread(times)} | {ratio} | "
+                f"{', '.join(map(str, pods))} |"
+            )
+    lines += ["", "| launches at once | served in request order | GPU idle while a resume "
+              "waited (waiting-for-resources), GPU-s | GPU idle while a resume had no pod on a "
+              "node (pods being made included), GPU-s |", "|---|---|---|---|"]  # fmt: skip
+    for method, runs in results.items():
         lines.append(
-            f"| {place + 1} | {spread(times)} | {spread(ratios)}x | {', '.join(map(str, pods))} |"
+            f"| {method} | {sum(r['in_order'] for r in runs)} of {len(runs)} | "
+            f"{spread([r['idle_gpu_s'] for r in runs])} | "
+            f"{spread([r['idle_unplaced_gpu_s'] for r in runs])} |"
         )
-    in_order = sum(r["in_order"] for r in rounds)
-    lines += [
-        "",
-        f"served in request order: {in_order} of {len(rounds)} rounds",
-        "GPU idle while a resume waited for one (waiting-for-resources): "
-        f"{spread([r['idle_gpu_s'] for r in rounds])} GPU-s",
-        "GPU idle while a resume had no pod on a node yet (pods being made included): "
-        f"{spread([r['idle_unplaced_gpu_s'] for r in rounds])} GPU-s",
-    ]
     return "\n".join(lines)
 
 
@@ -185,28 +170,40 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--work", type=float, default=3.0, help="s each works once ready")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--launches",
+        default="1,2,4",
+        help="values of c.PauseApp.kernel_pod_launches_at_once to compare, e.g. 1,2,4",
+    )
     args = parser.parse_args()
     assert args.gpus < args.notebooks, "a rush needs fewer GPUs than notebooks"
-    rounds: list[dict[str, Any]] = []
+    methods = [int(value) for value in args.launches.split(",")]
+    results: dict[int, list[dict[str, Any]]] = {method: [] for method in methods}
     with tempfile.TemporaryDirectory(prefix="jp-bench-") as tmp:
         folder = Path(tmp)
         plane = started_plane(folder / "control-plane")
         try:
             for number in range(args.rounds):
-                place = folder / f"round-{number}"
-                with real_played_cluster(plane, place) as chain:
-                    chain.node("gpu", gpus=args.gpus)
-                    process, server = start_server(chain, place)
-                    try:
-                        row = rush(chain, server, args.notebooks, args.gpus, args.work)
-                    finally:
-                        process.terminate()
-                        process.wait(60)
-                print(f"round {number + 1}: {row}", file=sys.stderr)
-                rounds.append(row)
+                shift = number % len(methods)  # each method first in turn
+                for method in methods[shift:] + methods[:shift]:
+                    place = folder / f"round-{number}-{method}"
+                    with real_played_cluster(plane, place) as chain:
+                        chain.node("gpu", gpus=args.gpus)
+                        process, server = kernel_pod_server(
+                            kernel_pod_server_env(chain, place),
+                            place,
+                            f"c.PauseApp.kernel_pod_launches_at_once = {method}\n",
+                        )
+                        try:
+                            row = rush(chain, server, args.notebooks, args.gpus, args.work)
+                        finally:
+                            process.terminate()
+                            process.wait(60)
+                    print(f"round {number + 1}, {method} at once: {row}", file=sys.stderr)
+                    results[method].append(row)
         finally:
             plane.stop()
-    print(table(args, rounds))
+    print(table(args, results))
 
 
 if __name__ == "__main__":

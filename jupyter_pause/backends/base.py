@@ -101,6 +101,10 @@ class Backend(abc.ABC):
     #: Whether a resume can bring a session back without its GPUs (``SessionSpec.gpus`` 0: a
     #: new kernel restored from files), as the user may ask while a GPU is scarce.
     restores_on_cpu: bool = False
+    #: Whether each notebook is paused when the platform stops this server (SIGTERM): its
+    #: kernels run elsewhere (kernel pods), and a notebook paused comes back from files once the
+    #: server is back, where jupyter-server would only shut its kernel down.
+    pauses_on_server_stop: bool = False
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Called once when the server starts."""

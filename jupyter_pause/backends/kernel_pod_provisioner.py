@@ -115,8 +115,10 @@ class KernelPodProvisioner(KubernetesProvisioner):
         #: While a launch waits for the scheduler: its message, e.g. "0/2 nodes are available:
         #: 2 Insufficient nvidia.com/gpu."; None otherwise.
         self.waiting_reason: str | None = None
-        #: Called (from the launch) once the launching pod has a node: the kernel-pod backend
-        #: then lets the next resume in its line create its pod.
+        #: Whether the launching pod has a node.
+        self.placed = False
+        #: Called (from the launch) once the launching pod has a node: the kernel-pod backend's
+        #: line of resumes looks again at once (``resume_line.py``).
         self.on_placed: Callable[[], None] | None = None
         #: The next launch's pod asks for no GPU (a resume on CPU, asked by the user).
         self.without_gpus = False
@@ -138,6 +140,7 @@ class KernelPodProvisioner(KubernetesProvisioner):
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         self.resuming, self.paused = self.paused, False
         self.waiting_reason = None
+        self.placed = False
         kwargs = await super().pre_launch(**kwargs)
         # jupyter_client's conventions for a kernelspec's argv, which remote provisioners skip:
         # "python" is the server's interpreter, {resource_dir} the kernelspec's folder.
@@ -265,7 +268,8 @@ class KernelPodProvisioner(KubernetesProvisioner):
             self.assigned_ip = pod.status.pod_ip
             self.assigned_host = self.container_name
             self.assigned_node_ip = pod.status.host_ip
-        if pod.spec.node_name and self.on_placed is not None:
+        self.placed = bool(pod.spec.node_name)
+        if self.placed and self.on_placed is not None:
             self.on_placed()
         for condition in (pod.status.conditions or []) if pod.status else []:
             if condition.type == RESTORED_CONDITION:
@@ -312,6 +316,7 @@ class KernelPodProvisioner(KubernetesProvisioner):
         if not name:
             raise KernelPodError(f"kernel {self.kernel_id} has no pod to pause")
         self.paused = True  # first: from now on poll() says paused, and the restarter leaves it
+        self.placed = False
         try:
             await asyncio.to_thread(self._delete, name, self.pause_grace_seconds)
             await self._wait_gone(name)

@@ -6,13 +6,13 @@ JupyterLab runs on a small CPU pod; a notebook's kernel of the kernel-pods kerne
 the scheduler has its GPU back, while jupyter-server keeps the kernel, its id and the notebook's
 session. A resume is jupyter-server's own restart of that kernel, which the provisioner makes a
 new pod under the same id (so the notebook's kernel connection follows the new pod's address).
-Resumes wait in this server's line, first asked first served: only the first in line has a pod
-waiting for the scheduler, and the resume says its place and the scheduler's own message. Where
-the pause took a pod snapshot (``kernel_pod_snapshots.py``) the new pod pins it and the kernel
-may be the very process that paused ("live"); else the orchestrator restores the checkpoint into
-the new kernel from files. A resume on CPU skips the line and asks for no GPU. A resume joined by
-a second request makes one pod; a cancelled or refused one leaves the kernel paused, its
-checkpoint intact.
+Resumes go through this server's line (``resume_line.py``): first asked first served, their pods
+made at once while GPUs are free, only the first in line keeping a pod the scheduler refused; a
+waiting resume says its place and the scheduler's own message. Where the pause took a pod
+snapshot (``kernel_pod_snapshots.py``) the new pod pins it and the kernel may be the very process
+that paused ("live"); else the orchestrator restores the checkpoint into the new kernel from
+files. A resume on CPU skips the line and asks for no GPU. A resume joined by a second request
+makes one pod; a cancelled or refused one leaves the kernel paused, its checkpoint intact.
 
 A kernel that is not a kernel pod (a CPU kernel beside the server) is stopped and started again
 as the local backend does, without a GPU queue: the cluster's scheduler is the queue.
@@ -44,6 +44,7 @@ from .kernel_pod import KernelPodError
 from .kernel_pod_provisioner import PROVISIONER_NAME, KernelPodProvisioner, pod_placement
 from .kernel_pod_snapshots import KernelPodSnapshots
 from .kernels import running_kernel, start_kernel
+from .resume_line import Placement, ResumeLine
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +54,14 @@ class KernelPodBackend(Backend):
 
     name = "kernel-pod"
     restores_on_cpu = True  # the kernel's new pod asks for no GPU
+    pauses_on_server_stop = True  # each kernel pod and its GPU go; the checkpoint stays
 
     def __init__(
         self,
         kernel_manager: Any,
         session_manager: Any,
         poll_seconds: float = 0.5,
+        launches_at_once: int = 1,
         snapshots: KernelPodSnapshots | None = None,
         on_kernel_moved: Callable[[str], None] | None = None,
     ) -> None:
@@ -70,9 +73,8 @@ class KernelPodBackend(Backend):
         #: open notebooks' connections there (``server/kernel_connections.py``).
         self.on_kernel_moved = on_kernel_moved
         self._resumes: dict[str, asyncio.Task[None]] = {}  # kernel id -> its new pod's launch
-        # Resumes whose pod has no node yet, first asked first: kernel id -> notebook path.
-        self._line: dict[str, str] = {}
-        self._line_moved = asyncio.Event()  # set (and replaced) each time one leaves the line
+        # Resumes whose pod has no node yet, first asked first (``resume_line.py``).
+        self._line = ResumeLine(poll_seconds, launches_at_once)
 
     def provisioner(self, kernel_id: str | None) -> KernelPodProvisioner | None:
         """The kernel's provisioner when it is a kernel pod known to jupyter-server."""
@@ -129,13 +131,15 @@ class KernelPodBackend(Backend):
             if session.gpus == 0:  # on CPU: no GPU to wait in line for
                 launch = self._track(kernel_id, self._restart(kernel_id, gpus=False))
             else:
-                launch = self._join_line(kernel_id, session.path, lambda: self._restart(kernel_id))
 
-        async def look() -> tuple[bool, str | None]:
-            placed = kernel_id not in self._line
-            return placed, provisioner.waiting_reason
+                async def look() -> Placement:  # a kernel still paused has no new pod yet
+                    return provisioner.placed and not provisioner.paused, provisioner.waiting_reason
 
-        await self._follow(kernel_id, launch, look, on_queued)
+                launch = self._join_line(
+                    kernel_id, session.path, lambda: self._restart(kernel_id), look,
+                    give_back=provisioner.pause,
+                )  # fmt: skip
+        await self._follow(kernel_id, launch, on_queued)
         return Allocation(
             granted_at=time.time(), details={"kernel_pod": provisioner.container_name}
         )
@@ -150,37 +154,32 @@ class KernelPodBackend(Backend):
             return Allocation(granted_at=time.time())
         kernel_id = str(uuid.uuid4())
         namespace = os.environ.get("KERNEL_NAMESPACE")
-        launch = self._join_line(kernel_id, session.path, lambda: self._start(session, kernel_id))
 
-        async def look() -> tuple[bool, str | None]:
-            if not namespace or kernel_id not in self._line:
+        async def look() -> Placement:
+            if not namespace:
                 return True, None
-            placed, reason = await asyncio.to_thread(pod_placement, namespace, kernel_id)
-            if placed:
-                self._leave_line(kernel_id)
-            return placed, reason
+            return await asyncio.to_thread(pod_placement, namespace, kernel_id)
 
-        await self._follow(kernel_id, launch, look, on_queued)
+        launch = self._join_line(
+            kernel_id, session.path, lambda: self._start(session, kernel_id), look
+        )
+        await self._follow(kernel_id, launch, on_queued)
         return Allocation(granted_at=time.time(), details={"kernel_id": kernel_id})
 
     def _join_line(
-        self, kernel_id: str, path: str, start: Callable[[], Awaitable[None]]
+        self,
+        kernel_id: str,
+        path: str,
+        start: Callable[[], Awaitable[None]],
+        look: Callable[[], Awaitable[Placement]],
+        give_back: Callable[[], Awaitable[None]] | None = None,
     ) -> asyncio.Task[None]:
-        """The resume of ``kernel_id`` takes the last place in this server's line; its launch
-        (``start``) begins when every resume before it has its pod on a node, so the scheduler
-        hands GPUs out in request order (it orders pods that wait by its own backoff, not by
-        when they were asked for), and a pod that waits is the one next in line."""
-        self._line[kernel_id] = path
-
-        async def launch() -> None:
-            try:
-                while next(iter(self._line)) != kernel_id:
-                    await self._line_moved.wait()
-                await start()
-            finally:
-                self._leave_line(kernel_id)
-
-        return self._track(kernel_id, launch())
+        """The resume of ``kernel_id`` takes the last place in this server's line, which
+        launches it (``start``) when the line's rules let it (``resume_line.py``): GPUs handed
+        out in request order, none left free while a resume waits. ``look`` reads its pod;
+        ``give_back`` deletes it again when a resume before it should have had its node (a
+        paused kernel's resume; a new kernel pod keeps the node it got)."""
+        return self._track(kernel_id, self._line.serve(kernel_id, path, start, look, give_back))
 
     def _track(self, kernel_id: str, launch: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """``launch`` as the kernel's resume in flight, which later requests join; once it
@@ -196,36 +195,24 @@ class KernelPodBackend(Backend):
         task.add_done_callback(forget)
         return task
 
-    def _leave_line(self, kernel_id: str) -> None:
-        """``kernel_id``'s pod has a node (or its launch ended): the next resume goes on."""
-        if self._line.pop(kernel_id, None) is not None:
-            self._line_moved.set()
-            self._line_moved = asyncio.Event()
-
     async def _follow(
-        self,
-        kernel_id: str,
-        launch: asyncio.Task[None],
-        look: Callable[[], Awaitable[tuple[bool, str | None]]],
-        on_queued: QueueCallback,
+        self, kernel_id: str, launch: asyncio.Task[None], on_queued: QueueCallback
     ) -> None:
         """Wait for ``launch``, telling ``on_queued`` the place in this server's line and the
-        scheduler's reason while the pod waits for a node; a cancelled wait cancels the launch
-        (its pod deleted, if it had one)."""
+        scheduler's reason while the resume waits for a GPU; a cancelled wait cancels the
+        launch (its pod deleted, if it had one)."""
         told = None
         try:
             while not launch.done():
-                placed, why = await look()
-                if not placed and kernel_id in self._line:
-                    place = list(self._line).index(kernel_id) + 1
-                    if place > 1 or why:
-                        text = _waiting_text(place, why)
-                        if text != told:
-                            on_queued(place, text)
-                            told = text
-                moved = asyncio.ensure_future(self._line_moved.wait())
-                await asyncio.wait({launch, moved}, timeout=self.poll_seconds)
-                moved.cancel()
+                waiting = self._line.waiting(kernel_id)
+                if waiting is not None:
+                    text = _waiting_text(*waiting)
+                    if text != told:
+                        on_queued(waiting[0], text)
+                        told = text
+                changed = asyncio.ensure_future(self._line.changed())
+                await asyncio.wait({launch, changed}, timeout=self.poll_seconds)
+                changed.cancel()
         except asyncio.CancelledError:
             # The resume was cancelled: so is the launch, whose pod is deleted (still paused).
             launch.cancel()
@@ -257,7 +244,7 @@ class KernelPodBackend(Backend):
         provisioner = self.provisioner(kernel_id)
         pinned = None
         if provisioner is not None:
-            provisioner.on_placed = lambda: self._leave_line(kernel_id)
+            provisioner.on_placed = self._line.nudge
             provisioner.without_gpus = not gpus
             pinned = provisioner.snapshot if gpus else None
             provisioner.pin_snapshot = pinned
@@ -275,6 +262,13 @@ class KernelPodBackend(Backend):
             raise StillPaused(str(err)) from None
         except Exception as err:  # the launcher's or the kernel's failure, as jupyter says it
             raise StillPaused(f"the kernel pod could not be started again: {err}") from None
+        except asyncio.CancelledError:
+            # Cancelled (or withdrawn from the line) just after its kernel answered: the pod
+            # goes again, so its GPU is not held by a kernel that stays paused.
+            if provisioner is not None and not provisioner.paused and provisioner.container_name:
+                with contextlib.suppress(Exception):
+                    await provisioner.pause()
+            raise
         finally:
             if provisioner is not None:
                 provisioner.on_placed = None
@@ -305,7 +299,7 @@ class KernelPodBackend(Backend):
             backend=self.name,
             gpus_total=0,  # the cluster's, which the scheduler hands out
             gpus_free=0,
-            queue=list(self._line.values()),
+            queue=self._line.paths(),
             details={"scheduler": "the cluster's kube-scheduler places each kernel pod"},
         )
 

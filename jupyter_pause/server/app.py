@@ -98,8 +98,9 @@ class PauseApp(ExtensionApp):
     platform_stop_seconds = Float(
         25.0,
         help="On SIGTERM (the platform's idle pause, a node drain) the workspace backend "
-        "checkpoints every kernel within this many seconds before the server exits. Keep it "
-        "under the pod's terminationGracePeriodSeconds (Kubernetes' default: 30).",
+        "checkpoints every kernel, and the kernel-pod backend pauses every notebook, within "
+        "this many seconds before the server exits. Keep it under the pod's "
+        "terminationGracePeriodSeconds (Kubernetes' default: 30).",
     ).tag(config=True)
 
     gvisor_checkpoint_file = Unicode(
@@ -110,6 +111,14 @@ class PauseApp(ExtensionApp):
 
     workspace_poll_seconds = Float(
         1.0, help="How often the workspace backend asks the API server while it waits (s)."
+    ).tag(config=True)
+
+    kernel_pod_launches_at_once = Int(
+        1,
+        help="Kernel-pod backend: how many resumes' pods may be in the making at once (created, "
+        "no node yet, not refused by the scheduler). 1 makes each once the one before it has a "
+        "node; more fills free GPUs sooner in a rush but runs that many launchers at once on "
+        "this server's CPU (see bench/README.md, kernel_pods_rush.py).",
     ).tag(config=True)
 
     store_root = Unicode(
@@ -265,7 +274,7 @@ class PauseApp(ExtensionApp):
         self._collector = metrics.register(self.orchestrator.metrics_snapshot)
         self._warn_about_culling(serverapp.kernel_manager, policy)
         self._platform_stopping = False
-        if self.orchestrator.environment is not None:
+        if self.orchestrator.environment is not None or backend.pauses_on_server_stop:
             self._watch_sigterm()
 
     def _backend(self, serverapp: Any) -> tuple[Backend, int]:
@@ -338,6 +347,7 @@ class PauseApp(ExtensionApp):
         backend = KernelPodBackend(
             kernel_manager,
             serverapp.session_manager,
+            launches_at_once=self.kernel_pod_launches_at_once,
             snapshots=snapshots,
             on_kernel_moved=lambda kernel_id: reconnect_notebooks(kernel_manager, kernel_id),
         )

@@ -149,9 +149,14 @@ class Orchestrator:
         self._monitor = asyncio.create_task(self._monitor_loop(monitor_interval))
 
     async def platform_stop(self, budget: float) -> None:
-        """The platform is stopping this server (SIGTERM): save every kernel first."""
+        """The platform is stopping this server (SIGTERM): save every kernel first. In a
+        workspace pod, every kernel is checkpointed with the workspace; with kernel pods, each
+        notebook is paused (its pod and GPU go), to resume from files once the server is back."""
         if self.environment is not None:
             await self.environment.platform_stop(budget)
+        elif self.backend.pauses_on_server_stop:
+            paused = await self.pauses.pause_all("the server is stopping (SIGTERM)", budget)
+            log.warning("jupyter_pause: SIGTERM: %d notebook(s) paused", len(paused))
 
     async def stop(self) -> None:
         tasks = [self._monitor, *self.kernels.tasks(), *self.sessions.tasks.values()]

@@ -9,6 +9,7 @@ pause never loses anything: the kernel keeps running and the record says why.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -21,7 +22,7 @@ from .checkpoints import Checkpoints, cell_name
 from .kernel_bridge import KernelBridge, KernelCallError
 from .kernels import Kernels
 from .sessions import Sessions, intact_text, spec
-from .states import Conflict
+from .states import RUNNING_STATES, Conflict
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,51 @@ class Pauses:
             record.paused_during_cell = cell
             self.sessions.tasks[path] = asyncio.create_task(self._run(record))
         return record
+
+    async def pause_all(self, reason: str, budget: float) -> list[str]:
+        """The server is stopping (SIGTERM): pause every running notebook within ``budget``
+        seconds, so each comes back from its checkpoint once the server is back. A running
+        cell is interrupted first: it would end with the server's shutdown of its kernel
+        anyway, and what it computed so far is saved. Returns the paths paused; the log names
+        the others and why."""
+        deadline = time.monotonic() + budget
+        running = [
+            record
+            for record in list(self.sessions.records.values())
+            if record.state in RUNNING_STATES
+            and record.kernel_id
+            and record.path not in self.sessions.tasks
+        ]
+        for record in running:
+            if record.activity.busy and record.kernel_id:
+                with contextlib.suppress(Exception):
+                    await self.bridge.kernel_manager.interrupt_kernel(record.kernel_id)
+        pauses = []
+        for record in running:
+            while record.activity.busy and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            try:
+                await self.start(record, reason)
+            except Conflict as err:
+                log.warning(
+                    "jupyter_pause: %s not paused at the server's stop: %s", record.path, err
+                )
+                continue
+            if record.path in self.sessions.tasks:
+                pauses.append(self.sessions.tasks[record.path])
+        if pauses:
+            await asyncio.wait(pauses, timeout=max(0.1, deadline - time.monotonic()))
+        paused = [record.path for record in running if record.state == "paused"]
+        for record in running:
+            if record.state != "paused":
+                log.warning(
+                    "jupyter_pause: %s not paused within %.0f s of the server's stop (%s): %s",
+                    record.path,
+                    budget,
+                    record.state,
+                    record.message,
+                )
+        return paused
 
     async def _running_cell_pause(self, record: SessionRecord) -> int | None:
         """The cell a busy kernel is paused in (the backend snapshots its process as it runs);

@@ -37,12 +37,23 @@ LAUNCH_TIMEOUT = 12
 
 
 @pytest.fixture
+def launches_at_once() -> int:
+    """``c.PauseApp.kernel_pod_launches_at_once`` (a test parametrized on it overrides it)."""
+    return 1
+
+
+@pytest.fixture
 def jp_server_config(
-    kernel_pods: KernelPods, pause_store: Any, monkeypatch: pytest.MonkeyPatch
+    kernel_pods: KernelPods,
+    pause_store: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    launches_at_once: int,
 ) -> dict:
     """The kernel-pod backend; the kernel pods' template values in the server's environment
     (jupyter-server gives its kernels its own), as a deployment sets them."""
-    return kernel_pod_server_config(kernel_pods, pause_store, monkeypatch, LAUNCH_TIMEOUT)
+    config = kernel_pod_server_config(kernel_pods, pause_store, monkeypatch, LAUNCH_TIMEOUT)
+    config["PauseApp"]["kernel_pod_launches_at_once"] = launches_at_once
+    return config
 
 
 @pytest.fixture
@@ -376,8 +387,9 @@ async def test_a_paused_notebook_whose_kernel_was_shut_down_resumes_in_a_new_ker
     assert await server.run(ready["kernel_id"], "print(sum(weights) + step)") == "45.0\n"
 
 
+@pytest.mark.parametrize("launches_at_once", [1, 3], ids=["one-pod-at-a-time", "3-at-once"])
 async def test_a_morning_rush_is_served_in_request_order_each_showing_its_place(
-    pod_server: Server, kernel_pods: KernelPods
+    pod_server: Server, kernel_pods: KernelPods, launches_at_once: int
 ) -> None:
     server = pod_server
     cluster = kernel_pods.cluster
@@ -417,7 +429,9 @@ async def test_a_morning_rush_is_served_in_request_order_each_showing_its_place(
         assert code == 202, record
 
     # Then a gets the free GPU; b waits first in line with the scheduler's reason, c second
-    # in line with no pod of its own yet (the next GPU freed goes to b's pod)
+    # in line with no pod of its own (the next GPU freed goes to b's pod). Made one at a time,
+    # c's pod is never made; made at once, c's pod is refused too and withdrawn, and whichever
+    # launcher finished first, a later pod that took the GPU gives it back to a.
     ready = await server.wait_state("a.ipynb", "ready", "partial", "failed", "paused")
     assert ready["state"] == "ready" and ready["how"] == "files", ready
     b = await server.wait_for(
@@ -428,6 +442,7 @@ async def test_a_morning_rush_is_served_in_request_order_each_showing_its_place(
     c = await server.wait_for("c.ipynb", lambda r: r["queue_position"] == 2)
     assert c["state"] == "waiting-for-resources", c
     assert "2nd in line; 1 resume on this server gets a GPU first" in c["message"], c
+    await until(lambda: len(kernel_pods.kernel_pods()) == 2, 60, "c's pod withdrawn", cluster)
     pods = {p["metadata"]["labels"]["kernel_id"]: p for p in kernel_pods.kernel_pods()}
     assert set(pods) == {kernels["a.ipynb"], kernels["b.ipynb"]}, pods
     assert not scheduled(pods[kernels["b.ipynb"]])
