@@ -29,7 +29,7 @@ import contextlib
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import IO, Any
 
 import urllib3
@@ -124,6 +124,9 @@ class KernelPodProvisioner(KubernetesProvisioner):
         self.without_gpus = False
         #: The pod snapshot taken at the pause, until a launch of this kernel succeeds.
         self.snapshot: str | None = None
+        #: Deletes a snapshot once it is spent (restored, or passed over by a fresh process: a
+        #: user's Restart Kernel, a shutdown); set by the backend with the snapshot.
+        self.drop_snapshot: Callable[[str], Awaitable[None]] | None = None
         #: The snapshot the next launch's pod pins: set by a resume (``resume_kernel`` or the
         #: backend), never by a user's Restart Kernel, which asks for a fresh process.
         self.pin_snapshot: str | None = None
@@ -174,7 +177,7 @@ class KernelPodProvisioner(KubernetesProvisioner):
                 # The launcher's job ended with the pod's creation (the kernel in it answered):
                 # reaped here, the kernel's life is the pod's (poll() reads its phase).
                 await asyncio.to_thread(launcher.wait, 30)
-            self.snapshot = None  # spent: restored, or the cold start's state is newer
+            await self._spend_snapshot()  # restored, or this process's state is newer
             return info
         except BaseException:
             await self._reap_launcher()
@@ -341,7 +344,13 @@ class KernelPodProvisioner(KubernetesProvisioner):
     async def cleanup(self, restart: bool = False) -> None:
         if not restart:
             self.paused = False  # shut down: nothing left to resume
+            await self._spend_snapshot()
         await super().cleanup(restart=restart)
+
+    async def _spend_snapshot(self) -> None:
+        spent, self.snapshot = self.snapshot, None
+        if spent and self.drop_snapshot is not None:
+            await self.drop_snapshot(spent)
 
     async def get_provisioner_info(self) -> dict[str, Any]:
         info = await super().get_provisioner_info()

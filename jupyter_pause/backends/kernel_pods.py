@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import time
@@ -47,6 +48,9 @@ from .kernels import running_kernel, start_kernel
 from .resume_line import Placement, ResumeLine
 
 log = logging.getLogger(__name__)
+
+#: Set in a resume's own launch: its restart of the kernel is not a user's Restart Kernel.
+_resume_launch = contextvars.ContextVar("jupyter_pause_resume_launch", default=False)
 
 
 class KernelPodBackend(Backend):
@@ -75,6 +79,17 @@ class KernelPodBackend(Backend):
         self._resumes: dict[str, asyncio.Task[None]] = {}  # kernel id -> its new pod's launch
         # Resumes whose pod has no node yet, first asked first (``resume_line.py``).
         self._line = ResumeLine(poll_seconds, launches_at_once)
+
+    async def join_resume(self, kernel_id: str) -> bool:
+        """For a restart of ``kernel_id`` asked elsewhere (a user's Restart Kernel): when a
+        resume of that kernel is in flight, wait for it to end (however it ends) and answer
+        True; False when there is none, or this is the resume's own restart."""
+        launch = self._resumes.get(kernel_id)
+        if launch is None or launch.done() or _resume_launch.get():
+            return False
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(launch)
+        return True
 
     def provisioner(self, kernel_id: str | None) -> KernelPodProvisioner | None:
         """The kernel's provisioner when it is a kernel pod known to jupyter-server."""
@@ -109,6 +124,8 @@ class KernelPodBackend(Backend):
                 await self.snapshots.drop(provisioner.kernel_namespace, snapshot)
             raise BackendError(str(err)) from None
         provisioner.snapshot = snapshot  # the resume's pod pins it
+        namespace = provisioner.kernel_namespace
+        provisioner.drop_snapshot = lambda name: self.snapshots.drop(namespace, name)
         # The pod is gone from the API server: the scheduler can place another pod on its GPU.
         gone = time.time()
         return StopOutcome(gone, gone, True, snapshot=snapshot, kernel_kept=True, details=details)
@@ -241,21 +258,19 @@ class KernelPodBackend(Backend):
     async def _restart(self, kernel_id: str, gpus: bool = True) -> None:
         """jupyter-server's restart of the paused kernel: a new pod under its id (``gpus``
         False: a pod that asks for none)."""
+        _resume_launch.set(True)  # in this launch's task only
         provisioner = self.provisioner(kernel_id)
-        pinned = None
         if provisioner is not None:
             provisioner.on_placed = self._line.nudge
             provisioner.without_gpus = not gpus
-            pinned = provisioner.snapshot if gpus else None
-            provisioner.pin_snapshot = pinned
+            # a GPU process's snapshot needs its GPU; on CPU it is spent unused
+            provisioner.pin_snapshot = provisioner.snapshot if gpus else None
         try:
             # Returns once the new pod's kernel sent its connection info. Its kernel_info
             # future is not awaited: on a restart that changes the ports (a new pod always
             # does) jupyter-server 2.x cancels its own wait without resolving it. The
             # orchestrator's first request to the kernel waits for it instead.
             await self.kernel_manager.restart_kernel(kernel_id, now=True)
-            if pinned and provisioner is not None:  # spent, restored or not
-                await self.snapshots.drop(provisioner.kernel_namespace, pinned)
             if self.on_kernel_moved is not None:
                 self.on_kernel_moved(kernel_id)
         except KernelPodError as err:

@@ -341,6 +341,7 @@ class PauseApp(ExtensionApp):
             return None
         from ..backends.kernel_pod_snapshots import KernelPodSnapshots
         from .kernel_connections import reconnect_notebooks
+        from .kernel_restarts import join_restarts_to_resumes
 
         snapshots = KernelPodSnapshots(self.pod_snapshots, self.snapshot_timeout_seconds)
         kernel_manager = serverapp.kernel_manager
@@ -351,6 +352,7 @@ class PauseApp(ExtensionApp):
             snapshots=snapshots,
             on_kernel_moved=lambda kernel_id: reconnect_notebooks(kernel_manager, kernel_id),
         )
+        join_restarts_to_resumes(kernel_manager, backend.join_resume)
         self.log.info("jupyter_pause: kernel-pod backend (kernels in pods of their own)")
         # Each kernel pod asks the scheduler for its GPU: gpus_per_kernel defaults to 1.
         return backend, 1

@@ -1,4 +1,5 @@
-"""The pause of one notebook: checkpoint, stop the kernel, give back its GPU.
+"""The pause of one notebook: checkpoint, stop the kernel, give back its GPU (and of every
+notebook at once when the platform stops the server, for a backend whose kernels run elsewhere).
 
 ``start`` checks the request and returns at once with the record in ``checkpointing`` (or
 ``pausing``, for a running cell that a backend can snapshot as it runs); ``_run`` does the

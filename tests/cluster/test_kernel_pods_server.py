@@ -562,3 +562,37 @@ async def test_the_idle_policy_frees_an_idle_kernel_pod_never_a_busy_one_while_t
     ready = await server.wait_state(NOTEBOOK, "ready", "partial", "failed", "paused")
     assert ready["state"] == "ready" and ready["kernel_id"] == kernel_id, ready
     assert await server.run(kernel_id, "print(x + 1)") == "42\n"
+
+
+async def test_restart_kernel_pressed_while_a_resume_waits_for_the_gpu_joins_that_resume(
+    pod_server: Server, kernel_pods: KernelPods
+) -> None:
+    server = pod_server
+    cluster = kernel_pods.cluster
+    # Given a resume waiting for the GPU, its pod pending
+    kernel_id = await a_resume_waiting_for_the_gpu(server, kernel_pods)
+    (pending,) = kernel_pods.kernel_pods()
+
+    # When the user presses Restart Kernel (JupyterLab's POST .../restart)
+    restart = asyncio.ensure_future(
+        server.fetch("api", "kernels", kernel_id, "restart", method="POST", body="{}")
+    )
+    await asyncio.sleep(3)
+
+    # Then the restart waits for the resume, which waits on in its one pod
+    assert not restart.done()
+    _, record = await server.call("GET", "sessions", NOTEBOOK)
+    assert record["state"] == "waiting-for-resources", record
+    (pod,) = kernel_pods.kernel_pods()
+    assert pod["metadata"]["uid"] == pending["metadata"]["uid"]
+
+    # When the GPU frees
+    cluster.release_gpus()
+
+    # Then the restart answers with the kernel the resume brought back, restored from files
+    answer = await asyncio.wait_for(restart, 120)
+    assert answer.code == 200 and json.loads(answer.body)["id"] == kernel_id
+    ready = await server.wait_state(NOTEBOOK, "ready", "partial", "failed", "paused")
+    assert ready["state"] == "ready" and ready["how"] == "files", ready
+    assert await server.run(kernel_id, "print(sum(weights) + step)") == "45.0\n"
+    assert len(kernel_pods.kernel_pods()) == 1

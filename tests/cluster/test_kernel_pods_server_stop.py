@@ -99,3 +99,48 @@ def test_a_stopping_server_pauses_each_kernel_pod_and_each_notebook_resumes_once
         assert len(kernel_pods(chain)) == 2
     finally:
         stop(process)
+
+
+def test_a_server_pod_lost_without_a_pause_takes_its_kernel_pods_with_it(
+    real_chain: RealPlayedCluster, tmp_path: Path
+) -> None:
+    chain = real_chain
+    chain.node("gpu", gpus=1)
+    # Given the server's pod (never placed: this machine runs the server itself), its name and
+    # uid in the server's environment as the downward API gives them (the Kubeflow example)
+    owner = chain.api.create(
+        core(chain.namespace, "pods"),
+        {
+            "metadata": {"name": "workspace-0"},
+            "spec": {
+                "nodeSelector": {"jupyter-pause.io/test": "nowhere"},
+                "containers": [{"name": "jupyterlab", "image": "jupyterlab-pause-kernel-pods"}],
+            },
+        },
+    )
+    env = kernel_pod_server_env(chain, tmp_path / "setup")
+    env.update(KERNEL_SERVER_POD_NAME="workspace-0", KERNEL_SERVER_POD_UID=owner["metadata"]["uid"])
+    process, server = kernel_pod_server(env, tmp_path / "server")
+    try:
+        # and a notebook on a GPU kernel pod, owned by the server's pod
+        kernel = server.open_notebook("a.ipynb", KERNEL_NAME)
+        assert server.run(kernel, "print(6 * 7)") == "42\n"
+        (pod,) = kernel_pods(chain)
+        (reference,) = pod["metadata"]["ownerReferences"]
+        assert reference["kind"] == "Pod" and reference["name"] == "workspace-0", reference
+        assert reference["uid"] == owner["metadata"]["uid"], reference
+    finally:
+        # When the server is lost without a pause (killed with its node: no SIGTERM)
+        process.kill()
+        process.wait(30)
+    assert len(kernel_pods(chain)) == 1  # its kernel pod runs on, holding the GPU
+
+    # and the lost server's pod is deleted (as the node's pods are once the node is gone)
+    chain.api.delete(f"{core(chain.namespace, 'pods')}/workspace-0")
+
+    # Then the cluster's garbage collector deletes the kernel pod: the GPU is free again
+    deadline = time.monotonic() + 60
+    while kernel_pods(chain):
+        assert time.monotonic() < deadline, "the kernel pod outlived its server's pod"
+        chain.check()
+        time.sleep(0.5)

@@ -175,6 +175,8 @@ async def test_restart_kernel_on_a_paused_kernel_pod_gives_a_fresh_process_not_i
     assert PIN not in (pod["metadata"].get("annotations") or {}), pod["metadata"]
     assert "jupyter-pause.io/kernel-snapshots" not in pod["metadata"]["labels"]
     assert await server.run(kernel_id, "print('weights' in dir())") == "False\n"
+    # and the snapshot it passed over is deleted (its storage costs until then)
+    assert cluster.snapshot_names() == []
     # and a resume restores the checkpoint into it from files, never calling it live
     ready = await resume(server)
     assert ready["state"] == "ready" and ready["how"] == "files", ready
