@@ -1,5 +1,5 @@
 import { NotebookPanel } from '@jupyterlab/notebook';
-import { ServerConnection, Session } from '@jupyterlab/services';
+import { Kernel, ServerConnection, Session } from '@jupyterlab/services';
 import { TranslationBundle, nullTranslator } from '@jupyterlab/translation';
 import { IDisposable } from '@lumino/disposable';
 import { IPoll, Poll } from '@lumino/polling';
@@ -220,6 +220,10 @@ export class NotebookPauseModel implements IDisposable {
         );
       }
     });
+    panel.sessionContext.connectionStatusChanged.connect(
+      this._askKernelStatus,
+      this
+    );
   }
 
   /**
@@ -366,6 +370,7 @@ export class NotebookPauseModel implements IDisposable {
       this._changed.emit(undefined);
     }
     void this._reconnect();
+    this._askKernelStatus();
   }
 
   /**
@@ -408,6 +413,39 @@ export class NotebookPauseModel implements IDisposable {
   }
 
   /**
+   * A notebook reconnected to its resumed kernel (a kernel pod's resume closes
+   * its websocket: server/kernel_connections.py) shows the kernel "unknown"
+   * until the kernel's next message that JupyterLab counts: it skips the status
+   * of its own kernel_info request (jupyter-server's untracked_message_types).
+   * An empty is_complete request runs nothing and is answered with a status it
+   * counts.
+   */
+  private _askKernelStatus(): void {
+    const session = this._session;
+    const kernel = this.panel.sessionContext.session?.kernel;
+    if (
+      !session ||
+      (session.state !== 'ready' && session.state !== 'partial') ||
+      !kernel ||
+      kernel.id !== session.kernel_id ||
+      kernel.connectionStatus !== 'connected' ||
+      kernel.status !== 'unknown' ||
+      this._askingStatusOf === kernel
+    ) {
+      return;
+    }
+    this._askingStatusOf = kernel;
+    kernel
+      .requestIsComplete({ code: '' })
+      .catch(() => {
+        // A kernel that went meanwhile: its next connection asks again.
+      })
+      .finally(() => {
+        this._askingStatusOf = null;
+      });
+  }
+
+  /**
    * The pause stopped the panel's kernel and its jupyter session ended: make
    * JupyterLab notice now (its own poll takes up to 10 s), so that the panel
    * shows no kernel and Restart Kernel starts a new one instead of asking the
@@ -446,6 +484,7 @@ export class NotebookPauseModel implements IDisposable {
   }
 
   private _session: ISession | null = null;
+  private _askingStatusOf: Kernel.IKernelConnection | null = null;
   private _loaded = false;
   private _poll: Poll;
   private _changed = new Signal<this, void>(this);

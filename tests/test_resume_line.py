@@ -52,9 +52,12 @@ class Pods:
         ) else None
 
 
-def resume(pods: Pods, key: str, launcher_seconds: float, served: list[str]):
+def resume(
+    pods: Pods, key: str, launcher_seconds: float, served: list[str], look_seconds: float = 0.0
+):
     """A resume's launch: the launcher makes the pod, which waits for a node, then the kernel
-    starts; a cancelled launch deletes its pod, and so does giving back a started one."""
+    starts; a cancelled launch deletes its pod, and so does giving back a started one. Reading
+    the pod takes ``look_seconds`` (an API call)."""
 
     async def attempt() -> None:
         try:
@@ -69,6 +72,7 @@ def resume(pods: Pods, key: str, launcher_seconds: float, served: list[str]):
         served.append(key)
 
     async def look() -> Placement:
+        await asyncio.sleep(look_seconds)
         return pods.placement(key)
 
     async def give_back() -> None:
@@ -78,9 +82,17 @@ def resume(pods: Pods, key: str, launcher_seconds: float, served: list[str]):
     return attempt, look, give_back
 
 
-async def rush(line: ResumeLine, pods: Pods, launchers: dict[str, float], served: list[str]):
+async def rush(
+    line: ResumeLine,
+    pods: Pods,
+    launchers: dict[str, float],
+    served: list[str],
+    look_seconds: float = 0.0,
+):
     return [
-        asyncio.create_task(line.serve(key, f"{key}.ipynb", *resume(pods, key, seconds, served)))
+        asyncio.create_task(
+            line.serve(key, f"{key}.ipynb", *resume(pods, key, seconds, served, look_seconds))
+        )
         for key, seconds in launchers.items()
     ]
 
@@ -169,3 +181,35 @@ async def test_a_launch_that_fails_leaves_the_line_and_the_next_goes_on() -> Non
         await failing
     await asyncio.wait_for(later[0], 5)
     assert served == ["b"] and line.paths() == []
+
+
+async def test_a_place_in_line_never_goes_up_when_a_later_pod_overtakes_and_gives_its_gpu_back() -> (
+    None
+):
+    # Two pods in the making at once on one GPU: b's launcher is quicker, so b's pod takes the
+    # GPU that a, asked first, waits for; c waits behind both without a pod
+    line, pods, served = ResumeLine(poll_seconds=0.01, launches_at_once=2), Pods(gpus=1), []
+    tasks = await rush(line, pods, {"a": 0.2, "b": 0.01, "c": 0.01}, served, look_seconds=0.03)
+    places: list[int] = []
+
+    async def watch_c() -> None:
+        while "c" not in served:
+            waiting = line.waiting("c")
+            if waiting is not None and places[-1:] != [waiting[0]]:
+                places.append(waiting[0])
+            await asyncio.sleep(0)  # every pass of the event loop
+
+    watching = asyncio.create_task(watch_c())
+    await until(lambda: served == ["a"] and pods.waiting == ["b"])
+
+    # When the GPU frees twice
+    pods.delete("a")
+    await until(lambda: served == ["a", "b"])
+    await until(lambda: (line.waiting("c") or (0,))[0] == 1)  # its pod refused, first in line
+    pods.delete("b")
+    await asyncio.wait_for(asyncio.gather(*tasks, watching), 5)
+
+    # Then each was served in request order, and c's place only went down: b's pod, placed
+    # for a while ahead of a, still stood before c until it gave the GPU back and was served
+    assert served == ["a", "b", "c"], served
+    assert places == [3, 2, 1], places

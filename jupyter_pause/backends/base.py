@@ -77,6 +77,9 @@ class RestoreOutcome:
     kernel_id: str
     live: bool  # True: the same process came back from a snapshot
     details: dict[str, Any] = field(default_factory=dict)
+    # The kernel came back at a new address under its id (a new pod): the open notebooks'
+    # connections still lead to the old one, and are moved once the restore is done.
+    moved: bool = False
 
 
 @dataclass

@@ -17,6 +17,9 @@ server's response address. Added here:
   against the provisioners' launch timeout (``launch_timeout``, 30 s by default). A resume that
   fails or is cancelled deletes the pod it made and leaves the kernel paused.
 * clear errors (``KernelPodError``) instead of tracebacks for failed API calls and launches.
+* a server that stays responsive: upstream's response manager (where each launcher sends its
+  kernel's connection info) is made to wait for connections without holding the event loop
+  (``unblock_responses``).
 
 gateway-provisioners is optional: importing this module without it raises a ``KernelPodError``
 that says how to install it (jupyter_client loads a provisioner only when a kernelspec names it).
@@ -42,6 +45,7 @@ from .kernel_pod import (
     api_error,
     launcher_env,
     launcher_failure,
+    unblock_responses,
     unschedulable_reason,
 )
 
@@ -110,6 +114,7 @@ class KernelPodProvisioner(KubernetesProvisioner):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        unblock_responses(self.response_manager)
         self.paused = False  # the pod was deleted by a pause; the kernel waits for a resume
         self.resuming = False  # this launch is a resume of a paused kernel
         #: While a launch waits for the scheduler: its message, e.g. "0/2 nodes are available:

@@ -67,15 +67,11 @@ class KernelPodBackend(Backend):
         poll_seconds: float = 0.5,
         launches_at_once: int = 1,
         snapshots: KernelPodSnapshots | None = None,
-        on_kernel_moved: Callable[[str], None] | None = None,
     ) -> None:
         self.kernel_manager = kernel_manager
         self.session_manager = session_manager
         self.poll_seconds = poll_seconds
         self.snapshots = snapshots or KernelPodSnapshots()
-        #: Told a kernel id once its resumed kernel runs in its new pod: the server moves the
-        #: open notebooks' connections there (``server/kernel_connections.py``).
-        self.on_kernel_moved = on_kernel_moved
         self._resumes: dict[str, asyncio.Task[None]] = {}  # kernel id -> its new pod's launch
         # Resumes whose pod has no node yet, first asked first (``resume_line.py``).
         self._line = ResumeLine(poll_seconds, launches_at_once)
@@ -271,8 +267,6 @@ class KernelPodBackend(Backend):
             # does) jupyter-server 2.x cancels its own wait without resolving it. The
             # orchestrator's first request to the kernel waits for it instead.
             await self.kernel_manager.restart_kernel(kernel_id, now=True)
-            if self.on_kernel_moved is not None:
-                self.on_kernel_moved(kernel_id)
         except KernelPodError as err:
             raise StillPaused(str(err)) from None
         except Exception as err:  # the launcher's or the kernel's failure, as jupyter says it
@@ -299,7 +293,9 @@ class KernelPodBackend(Backend):
             restored = provisioner.restored_from
             if restored:
                 details["snapshot"] = restored
-            return RestoreOutcome(session.kernel_id, live=bool(restored), details=details)
+            return RestoreOutcome(
+                session.kernel_id, live=bool(restored), details=details, moved=True
+            )
         existing = await running_kernel(self.kernel_manager, self.session_manager, session.path)
         if existing is not None:  # the notebook was opened again with a new kernel
             return RestoreOutcome(existing, live=False, details={"reused_kernel": True})

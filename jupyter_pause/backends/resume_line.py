@@ -68,11 +68,13 @@ class ResumeLine:
     def waiting(self, key: str) -> tuple[int, str | None] | None:
         """The place (1 for the first) and the scheduler's reason while ``key``'s resume waits
         for a GPU: refused by the scheduler, or held behind one that is; None while its pod is
-        made alongside the ones before it, or once it has a node."""
+        made alongside the ones before it, or once it has a node. A place only goes down."""
         resume = self._resumes.get(key)
         if resume is None or resume.placed or (resume.launching and resume.refused is None):
             return None
-        return 1 + sum(not earlier.placed for earlier in self._ahead(key)), resume.refused
+        # Every resume before it counts until it leaves the line, placed or not: one placed
+        # while an earlier one has no node overtook it, and may give its node back.
+        return 1 + len(self._ahead(key)), resume.refused
 
     # -- what it does -----------------------------------------------------------------------------
     async def changed(self) -> None:

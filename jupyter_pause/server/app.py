@@ -340,7 +340,6 @@ class PauseApp(ExtensionApp):
             self.log.error("jupyter_pause: no kernel-pod backend: %s; using 'local'", err)
             return None
         from ..backends.kernel_pod_snapshots import KernelPodSnapshots
-        from .kernel_connections import reconnect_notebooks
         from .kernel_restarts import join_restarts_to_resumes
 
         snapshots = KernelPodSnapshots(self.pod_snapshots, self.snapshot_timeout_seconds)
@@ -350,7 +349,6 @@ class PauseApp(ExtensionApp):
             serverapp.session_manager,
             launches_at_once=self.kernel_pod_launches_at_once,
             snapshots=snapshots,
-            on_kernel_moved=lambda kernel_id: reconnect_notebooks(kernel_manager, kernel_id),
         )
         join_restarts_to_resumes(kernel_manager, backend.join_resume)
         self.log.info("jupyter_pause: kernel-pod backend (kernels in pods of their own)")

@@ -23,6 +23,7 @@ from ..policy import Policy
 from ..records import SessionRecord
 from . import holds, metrics
 from .kernel_bridge import KernelBridge, KernelCallError
+from .kernel_connections import reconnect_notebooks
 from .kernels import Kernels
 from .sessions import Sessions, intact_text, resume_target, spec
 from .states import RUNNING_AGAIN, RUNNING_STATES, Conflict
@@ -146,6 +147,7 @@ class Resumes:
         # Recorded at the pause, never read from a kernel since: only the process that paused
         # can show it, so a kernel started after the pause is never taken for a live one.
         paused_token = record.paused_process_token
+        moved: str | None = None  # a kernel back at a new address: its notebooks reconnect
         try:
             record.gpus_needed = (
                 0 if on_cpu else self.policy.for_kernelspec(record.kernel_name).gpus
@@ -177,6 +179,8 @@ class Resumes:
             outcome = await self.backend.restore(session, allocation)
             note = note or outcome.details.get("why")
             record.kernel_id = outcome.kernel_id
+            if outcome.moved:
+                moved = outcome.kernel_id
             await self.kernels.attach(record, outcome.kernel_id, record.kernel_name)
             sessions.set(record, "restoring", "Restoring the session state.")
             hello = await self._hello_after_restore(record, outcome.kernel_id, outcome.live)
@@ -280,6 +284,10 @@ class Resumes:
         finally:
             sessions.tasks.pop(record.path, None)
             self._on_cpu.discard(record.path)
+            if moved is not None:
+                # Only now, the restore done (or failed): a notebook reconnected earlier could
+                # run a cell in the kernel before its state is back.
+                reconnect_notebooks(self.session_manager.kernel_manager, moved)
 
     async def note_restore_in_notebook(
         self, record: SessionRecord, kernel_id: str, result: Any

@@ -95,7 +95,15 @@ function fakePanel(path = PATH, kernelId = 'k1') {
     },
     disposed: new Signal<object, void>({}),
     sessionContext: {
-      session: { kernel: { id: kernelId } },
+      session: {
+        kernel: {
+          id: kernelId,
+          status: 'idle',
+          connectionStatus: 'connected',
+          requestIsComplete: jest.fn().mockResolvedValue({})
+        }
+      },
+      connectionStatusChanged: new Signal<object, string>({}),
       changeKernel: jest.fn().mockResolvedValue(null)
     }
   };
@@ -711,6 +719,37 @@ describe('NotebookPauseModel', () => {
     await advance(5100);
     expect(sessionGets(calls)).toBe(3);
     expect(panel.sessionContext.changeKernel).toHaveBeenCalledTimes(1);
+  });
+
+  it('asks the status of the resumed kernel it reconnected to, once', async () => {
+    fakeTimers();
+    const state = {
+      session: session({ state: 'ready', kernel_id: 'k1', how: 'files' })
+    };
+    const { settings, calls } = fakeServer(state);
+    const h = harness(settings, calls);
+    const panel = h.tracker.currentWidget as unknown as FakePanel;
+    // (the resume moved the kernel: its websocket reconnects, its status unknown)
+    const kernel = panel.sessionContext.session.kernel;
+    kernel.status = 'unknown';
+    kernel.connectionStatus = 'connecting';
+    const model = h.manager.modelFor(h.tracker.currentWidget!);
+    await advance(0);
+    expect(model.view.state).toBe('ready');
+    expect(kernel.requestIsComplete).not.toHaveBeenCalled();
+
+    // When the websocket is connected again
+    kernel.connectionStatus = 'connected';
+    panel.sessionContext.connectionStatusChanged.emit('connected');
+
+    // Then a request whose status JupyterLab counts goes to the kernel, runs nothing
+    expect(kernel.requestIsComplete).toHaveBeenCalledTimes(1);
+    expect(kernel.requestIsComplete).toHaveBeenCalledWith({ code: '' });
+    // and once the kernel said idle, the polls ask no more
+    kernel.status = 'idle';
+    await advance(11000);
+    expect(sessionGets(calls)).toBeGreaterThan(1);
+    expect(kernel.requestIsComplete).toHaveBeenCalledTimes(1);
   });
 
   it('lets go of the kernel a pause stopped, once, so Restart Kernel starts a new one', async () => {

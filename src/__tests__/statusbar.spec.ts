@@ -37,7 +37,10 @@ function fakePanel(): NotebookPanel {
       model: { contentChanged: new Signal<object, void>({}) }
     },
     disposed: new Signal<object, void>({}),
-    sessionContext: { session: { kernel: { id: 'k1' } } }
+    sessionContext: {
+      session: { kernel: { id: 'k1' } },
+      connectionStatusChanged: new Signal<object, string>({})
+    }
   } as unknown as NotebookPanel;
 }
 

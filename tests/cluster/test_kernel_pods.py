@@ -51,6 +51,11 @@ def test_a_kernel_pod_runs_pauses_without_its_gpu_and_resumes_under_its_id_from_
             (container,) = pod["spec"]["containers"]
             assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
             assert pod["spec"]["automountServiceAccountToken"] is False
+            # and the launcher's connection info came to upstream's response manager, whose
+            # socket now waits without holding the event loop (upstream's 10 ms accept timeout,
+            # tried every 0.1 ms, held it most of the time: bench/event_loop_hops.py)
+            listening = manager.provisioner.response_manager._response_socket
+            assert listening.gettimeout() == 0.0
             # and a real ipykernel: the pod's own process (the played kubelet's), its env
             played = cluster.pods[pod["metadata"]["uid"]].container
             assert played is not None

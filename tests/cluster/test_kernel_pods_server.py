@@ -199,7 +199,20 @@ async def test_a_pause_frees_the_gpu_and_a_resume_brings_the_same_kernel_back_fr
     _, record = await server.call("GET", "sessions", NOTEBOOK)
     assert record["state"] == "paused", record
 
+    # When the notebook is opened again in a second tab meanwhile (its connection finds no pod)
+    late_tab = await jp_ws_fetch(
+        "api", "kernels", kernel_id, "channels", params={"session_id": "late"}
+    )
+
     # When the notebook is resumed, a GPU being free
+    async def state_when_closed(ws: Any) -> str:
+        while await asyncio.wait_for(ws.read_message(), 120) is not None:
+            pass
+        _, record = await server.call("GET", "sessions", NOTEBOOK)
+        return record["state"]
+
+    closed = asyncio.ensure_future(state_when_closed(tab))
+    late_closed = asyncio.ensure_future(state_when_closed(late_tab))
     code, _ = await server.call("POST", "resume", NOTEBOOK)
     assert code == 202
     ready = await server.wait_state(NOTEBOOK, "ready", "partial", "failed", "paused")
@@ -218,11 +231,15 @@ async def test_a_pause_frees_the_gpu_and_a_resume_brings_the_same_kernel_back_fr
     played = cluster.pods[again["metadata"]["uid"]].container
     assert (total, step, int(pid)) == ("4.0", "41", played.process.pid)
     # and the open tab's websocket was closed with 1012, "service restart" (JupyterLab then
-    # reconnects at once, without a "kernel restarting" dialog)
-    while await asyncio.wait_for(tab.read_message(), 30) is not None:
-        pass
+    # reconnects at once, without a "kernel restarting" dialog), once the restore was done
+    # (the notebook's next cell then runs in the restored kernel, never before the restore)
+    assert await closed == "ready"
     tab.close()  # the client's side too (tornado warns of an unclosed one when collected)
     assert tab.close_code == 1012, (tab.close_code, tab.close_reason)
+    # and so was the second tab's, opened while paused
+    assert await late_closed == "ready"
+    late_tab.close()
+    assert late_tab.close_code == 1012, (late_tab.close_code, late_tab.close_reason)
     # and its reconnection, the same session, reaches the new pod (not the old pod's streams
     # jupyter-server kept for that session)
     assert kernel_id not in server.app.kernel_manager._kernel_buffers

@@ -6,8 +6,9 @@ import { PauseHelper } from './helpers';
 /**
  * The kernel-pod backend in the browser (playwright-kernel-pods.config.js):
  * JupyterLab stays up while each notebook's GPU kernel is a pod on the real
- * control plane's one node of one GPU. A notebook paused from the toolbar and
- * resumed while the GPU is taken shows its place in this server's line,
+ * control plane's one node of one GPU. A notebook paused from the toolbar,
+ * closed and opened again, and resumed while the GPU is taken shows its place
+ * in this server's line,
  * "Waiting for GPU (2nd in line)", then "Ready" once the GPU comes round to
  * it, with its data back in the same kernel.
  */
@@ -93,6 +94,13 @@ test('a resume waits for the GPU in line, then is ready in the same kernel', asy
   await pause.pause();
   await expect(pause.chipLabel).toHaveText(/^Paused since/, {
     timeout: 120 * 1000
+  });
+  // closed and opened again while paused (its new connection goes to no pod)
+  await page.notebook.close();
+  await page.notebook.openByPath(`${tmpPath}/mine.ipynb`);
+  await page.notebook.activate('mine.ipynb');
+  await expect(pause.chipLabel).toHaveText(/^Paused since/, {
+    timeout: 60 * 1000
   });
   // and another paused GPU notebook, and a third one's kernel pod on the GPU
   await openElsewhere(request, other);
