@@ -70,7 +70,6 @@ class KernelPodBackend(Backend):
     ) -> None:
         self.kernel_manager = kernel_manager
         self.session_manager = session_manager
-        self.poll_seconds = poll_seconds
         self.snapshots = snapshots or KernelPodSnapshots()
         self._resumes: dict[str, asyncio.Task[None]] = {}  # kernel id -> its new pod's launch
         # Resumes whose pod has no node yet, first asked first (``resume_line.py``).
@@ -150,7 +149,7 @@ class KernelPodBackend(Backend):
 
                 launch = self._join_line(
                     kernel_id, session.path, lambda: self._restart(kernel_id), look,
-                    give_back=provisioner.pause,
+                    give_back=lambda: self._pause_again(kernel_id),
                 )  # fmt: skip
         await self._follow(kernel_id, launch, on_queued)
         return Allocation(
@@ -223,9 +222,7 @@ class KernelPodBackend(Backend):
                     if text != told:
                         on_queued(waiting[0], text)
                         told = text
-                changed = asyncio.ensure_future(self._line.changed())
-                await asyncio.wait({launch, changed}, timeout=self.poll_seconds)
-                changed.cancel()
+                await self._line.until_changed(launch)
         except asyncio.CancelledError:
             # The resume was cancelled: so is the launch, whose pod is deleted (still paused).
             launch.cancel()
@@ -272,15 +269,21 @@ class KernelPodBackend(Backend):
         except Exception as err:  # the launcher's or the kernel's failure, as jupyter says it
             raise StillPaused(f"the kernel pod could not be started again: {err}") from None
         except asyncio.CancelledError:
-            # Cancelled (or withdrawn from the line) just after its kernel answered: the pod
-            # goes again, so its GPU is not held by a kernel that stays paused.
-            if provisioner is not None and not provisioner.paused and provisioner.container_name:
-                with contextlib.suppress(Exception):
-                    await provisioner.pause()
+            # Cancelled (or withdrawn from the line) just after its kernel answered.
+            with contextlib.suppress(Exception):
+                await self._pause_again(kernel_id)
             raise
         finally:
             if provisioner is not None:
                 provisioner.on_placed = None
+
+    async def _pause_again(self, kernel_id: str) -> None:
+        """A resume's new pod, whose kernel already answered, goes again and the kernel stays
+        paused: the resume was cancelled, or gives the node back to a resume before it in line.
+        Its GPU is not held by a kernel that waits."""
+        provisioner = self.provisioner(kernel_id)
+        if provisioner is not None and not provisioner.paused and provisioner.container_name:
+            await provisioner.pause()
 
     async def restore(self, session: SessionSpec, allocation: Allocation) -> RestoreOutcome:
         started = allocation.details.get("kernel_id")

@@ -77,9 +77,16 @@ class ResumeLine:
         return 1 + len(self._ahead(key)), resume.refused
 
     # -- what it does -----------------------------------------------------------------------------
-    async def changed(self) -> None:
-        """Returns once the line changes (a resume's place, pod or turn)."""
-        await self._changed.wait()
+    async def until_changed(self, launch: asyncio.Future[None] | None = None) -> None:
+        """Returns once the line changes (a resume's place, pod or turn), ``launch`` ends, or
+        ``poll_seconds`` pass (a pod's state is read again then)."""
+        changed = asyncio.ensure_future(self._changed.wait())
+        try:
+            await asyncio.wait(
+                {changed} if launch is None else {changed, launch}, timeout=self.poll_seconds
+            )
+        finally:
+            changed.cancel()
 
     def nudge(self) -> None:
         """Something about a pod changed (it got a node): the line looks again now."""
@@ -148,9 +155,7 @@ class ResumeLine:
                     return False
                 if placed and all(resume.placed for resume in ahead):
                     self._leave(key)
-            changed = asyncio.ensure_future(self._changed.wait())
-            await asyncio.wait({launch, changed}, timeout=self.poll_seconds)
-            changed.cancel()
+            await self.until_changed(launch)
         return True
 
     async def _settled(self, key: str) -> bool:
@@ -163,8 +168,7 @@ class ResumeLine:
                 return False
             if all(resume.placed for resume in ahead):
                 return True
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), self.poll_seconds)
+            await self.until_changed()
 
     def _ahead(self, key: str) -> list[_Resume]:
         """The resumes before ``key``'s in line (none once it left)."""
