@@ -111,7 +111,7 @@ def unblock_responses(response_manager: Any) -> None:
     gateway-provisioners 0.4 accepts the launchers' connections every 0.1 ms on a socket with a
     10 ms timeout (``GP_SOCKET_TIMEOUT``), so from the first kernel pod on the server's event
     loop waits inside ``accept()`` most of the time: each pass of the loop took ~5 ms instead of
-    ~2 µs, for every request, websocket message and kernel output of the server
+    ~4 µs, for every request, websocket message and kernel output of the server
     (``bench/event_loop_hops.py``). Non-blocking, ``loop.sock_accept`` waits for a connection
     as any other socket read, and the response manager's periodic call awaits it.
     """
