@@ -20,14 +20,19 @@ side, polling the server's REST API and the API server every 0.1 s:
   resume waits for one, summed over the round, counted two ways: while a resume is
   ``waiting-for-resources`` (held in this server's line, or its pod unschedulable), and while
   any resume is not ready without a pod on a node (this adds the time a pod takes to be made:
-  the launcher's start, the API server, the scheduler).
+  the launcher's start, the API server, the scheduler). The second is split by what the free
+  GPU waited for: a resume's pod that exists without a node (the scheduler's turn), or a resume
+  with no pod yet (its launcher's, or held behind one that waits).
 
 The methods are values of ``c.PauseApp.kernel_pod_launches_at_once`` (how many resumes' pods
-may be in the making at once, ``backends/resume_line.py``), each a fresh server and namespace,
-in rotated order each round; the tables give medians (ranges) over the rounds, and each place's
-time to ready against one launch at a time in the same round.
+may be in the making at once, ``backends/resume_line.py``), and the same with ``:backoff``
+after it: the server's hand-off turned off in that server's config (a pause of this server's
+then leaves the refused pod of the first in line to the scheduler's backoff, instead of making
+it anew: ``KernelPodBackend._hand_off``). Each is a fresh server and namespace, in rotated
+order each round; the tables give medians (ranges) over the rounds, and each place's time to
+ready against the first method in the same round.
 
-    python bench/kernel_pods_rush.py --notebooks 4 --gpus 2 --rounds 3 --launches 1,2,4
+    python bench/kernel_pods_rush.py --notebooks 4 --gpus 2 --rounds 3 --methods 1,1:backoff,2
 """
 
 from __future__ import annotations
@@ -82,7 +87,7 @@ def rush(chain: RealPlayedCluster, server: RemoteServer, notebooks: int, gpus: i
     ready: dict[str, float] = {}
     pods_seen: dict[str, set[str]] = {path: set() for path in paths}
     paused_again: set[str] = set()
-    idle = idle_unplaced = 0.0
+    idle = idle_unplaced = idle_pending = 0.0
     last = time.monotonic()
     deadline = last + 600
     while len(paused_again) < notebooks:
@@ -91,13 +96,13 @@ def rush(chain: RealPlayedCluster, server: RemoteServer, notebooks: int, gpus: i
         states = {path: server.session(path) for path in paths}
         pods = chain.api.list(core(chain.namespace, "pods"), labelSelector="component=kernel")
         placed = set()  # notebooks whose pod is on a node
+        pending = set()  # notebooks whose pod has no node yet
         for pod in pods:
             path = by_kernel.get(pod["metadata"]["labels"]["kernel_id"])
-            if path is None:
+            if path is None or pod["metadata"].get("deletionTimestamp"):
                 continue
             pods_seen[path].add(pod["metadata"]["uid"])
-            if pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp"):
-                placed.add(path)
+            (placed if pod["spec"].get("nodeName") else pending).add(path)
         now = time.monotonic()
         on_gpus = sum(1 for p in pods if p["spec"].get("nodeName"))  # held until deleted
         free = max(gpus - on_gpus, 0)
@@ -105,6 +110,7 @@ def rush(chain: RealPlayedCluster, server: RemoteServer, notebooks: int, gpus: i
         unplaced = [p for p in paths if states[p]["state"] in NOT_READY and p not in placed]
         idle += min(free, len(held)) * (now - last)
         idle_unplaced += min(free, len(unplaced)) * (now - last)
+        idle_pending += min(free, len(pending & set(unplaced))) * (now - last)
         last = now
         for path in paths:
             state = states[path]["state"]
@@ -122,6 +128,7 @@ def rush(chain: RealPlayedCluster, server: RemoteServer, notebooks: int, gpus: i
         "pods": [len(pods_seen[p]) for p in paths],
         "idle_gpu_s": idle,
         "idle_unplaced_gpu_s": idle_unplaced,
+        "idle_pending_gpu_s": idle_pending,  # of idle_unplaced: a pod there, without a node
     }
 
 
@@ -129,37 +136,53 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
-def table(args: argparse.Namespace, results: dict[int, list[dict[str, Any]]]) -> str:
+#: Put in a method's server config for ``:backoff``: the hand-off off (a bench peer only).
+WITHOUT_HAND_OFF = (
+    "from jupyter_pause.backends.kernel_pods import KernelPodBackend\n"
+    "KernelPodBackend._hand_off = lambda self: None\n"
+)
+
+
+def server_config(method: str) -> str:
+    """The server config of a method: ``N`` or ``N:backoff`` (see the module docstring)."""
+    launches, _, variant = method.partition(":")
+    assert variant in ("", "backoff"), f"unknown method {method!r}"
+    config = f"c.PauseApp.kernel_pod_launches_at_once = {int(launches)}\n"
+    return config + (WITHOUT_HAND_OFF if variant else "")
+
+
+def table(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -> str:
     rounds = len(next(iter(results.values())))
     lines = [
         f"Morning rush: {args.notebooks} notebooks resumed at once on {args.gpus} GPU(s), each "
         f"working {args.work:g} s once ready; {rounds} rounds, methods in rotated order, "
-        "medians (ranges); ratios against 1 launch at a time in the same round",
+        f"medians (ranges); ratios against {next(iter(results))} in the same round",
         "",
-        "| launches at once | place | time to ready, s | vs 1 at a time | pods per resume |",
+        f"| method | place | time to ready, s | vs {next(iter(results))} | pods per resume |",
         "|---|---|---|---|---|",
     ]
-    base = results.get(1)
+    base = next(iter(results.values()))
     for method, runs in results.items():
         for place in range(args.notebooks):
             times = [r["ready_s"][place] for r in runs]
-            ratio = "-"
-            if base is not None:
-                pairs = zip(runs, base, strict=True)
-                ratio = spread([r["ready_s"][place] / b["ready_s"][place] for r, b in pairs]) + "x"
+            pairs = zip(runs, base, strict=True)
+            ratio = spread([r["ready_s"][place] / b["ready_s"][place] for r, b in pairs]) + "x"
             pods = sorted({r["pods"][place] for r in runs})
             lines.append(
                 f"| {method} | {place + 1} | {spread(times)} | {ratio} | "
                 f"{', '.join(map(str, pods))} |"
             )
-    lines += ["", "| launches at once | served in request order | GPU idle while a resume "
+    lines += ["", "| method | served in request order | GPU idle while a resume "
               "waited (waiting-for-resources), GPU-s | GPU idle while a resume had no pod on a "
-              "node (pods being made included), GPU-s |", "|---|---|---|---|"]  # fmt: skip
+              "node, GPU-s | of which its pod was there without a node | of which it had no "
+              "pod yet |", "|---|---|---|---|---|---|"]  # fmt: skip
     for method, runs in results.items():
+        podless = [r["idle_unplaced_gpu_s"] - r["idle_pending_gpu_s"] for r in runs]
         lines.append(
             f"| {method} | {sum(r['in_order'] for r in runs)} of {len(runs)} | "
             f"{spread([r['idle_gpu_s'] for r in runs])} | "
-            f"{spread([r['idle_unplaced_gpu_s'] for r in runs])} |"
+            f"{spread([r['idle_unplaced_gpu_s'] for r in runs])} | "
+            f"{spread([r['idle_pending_gpu_s'] for r in runs])} | {spread(podless)} |"
         )
     return "\n".join(lines)
 
@@ -171,14 +194,17 @@ def main() -> None:
     parser.add_argument("--work", type=float, default=3.0, help="s each works once ready")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
-        "--launches",
-        default="1,2,4",
-        help="values of c.PauseApp.kernel_pod_launches_at_once to compare, e.g. 1,2,4",
+        "--methods",
+        default="1,1:backoff,2",
+        help="values of c.PauseApp.kernel_pod_launches_at_once to compare, each with "
+        "':backoff' for the same without the hand-off, e.g. 1,1:backoff,2",
     )
     args = parser.parse_args()
     assert args.gpus < args.notebooks, "a rush needs fewer GPUs than notebooks"
-    methods = [int(value) for value in args.launches.split(",")]
-    results: dict[int, list[dict[str, Any]]] = {method: [] for method in methods}
+    methods = args.methods.split(",")
+    for method in methods:
+        server_config(method)  # an unknown method fails before the first round
+    results: dict[str, list[dict[str, Any]]] = {method: [] for method in methods}
     with tempfile.TemporaryDirectory(prefix="jp-bench-") as tmp:
         folder = Path(tmp)
         plane = started_plane(folder / "control-plane")
@@ -186,20 +212,21 @@ def main() -> None:
             for number in range(args.rounds):
                 shift = number % len(methods)  # each method first in turn
                 for method in methods[shift:] + methods[:shift]:
-                    place = folder / f"round-{number}-{method}"
+                    # named without ':', where KUBECONFIG splits its list of files
+                    place = folder / f"round-{number}-{method.replace(':', '-')}"
                     with real_played_cluster(plane, place) as chain:
                         chain.node("gpu", gpus=args.gpus)
                         process, server = kernel_pod_server(
                             kernel_pod_server_env(chain, place),
                             place,
-                            f"c.PauseApp.kernel_pod_launches_at_once = {method}\n",
+                            server_config(method),
                         )
                         try:
                             row = rush(chain, server, args.notebooks, args.gpus, args.work)
                         finally:
                             process.terminate()
                             process.wait(60)
-                    print(f"round {number + 1}, {method} at once: {row}", file=sys.stderr)
+                    print(f"round {number + 1}, {method}: {row}", file=sys.stderr)
                     results[method].append(row)
         finally:
             plane.stop()

@@ -120,7 +120,11 @@ async def test_launchers_that_finish_out_of_order_still_serve_the_gpus_in_reques
     tasks = await rush(line, pods, {"a": 0.2, "b": 0.15, "c": 0.1, "d": 0.05}, served)
 
     # Then a and b are served; c's pod is the one that waits, d waits without one
-    await until(lambda: len(served) == 2 and pods.waiting == ["c"] and line.waiting("d"))
+    await until(
+        lambda: (
+            len(served) == 2 and pods.waiting == ["c"] and line.waiting("c") and line.waiting("d")
+        )
+    )
     assert sorted(served) == ["a", "b"] and sorted(pods.placed) == ["a", "b"], pods
     assert line.waiting("c") == (1, "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")
     assert line.waiting("d") == (2, None) and line.paths() == ["c.ipynb", "d.ipynb"]
@@ -164,6 +168,28 @@ async def test_behind_a_refused_pod_a_resume_waits_without_one_and_keeps_its_pla
         task.cancel()
     await asyncio.gather(*later, return_exceptions=True)
     assert pods.waiting == [] and line.paths() == [] and served == ["a"]
+
+
+async def test_a_freed_gpu_is_for_the_first_in_line_and_only_once_its_pod_is_refused() -> None:
+    # a's launcher is slow: b's pod is made and refused while a's is still being made
+    line, pods, served = ResumeLine(poll_seconds=0.01, launches_at_once=2), Pods(gpus=0), []
+    tasks = await rush(line, pods, {"a": 0.3, "b": 0.01}, served)
+    await asyncio.sleep(0.1)
+    assert pods.made == ["b"] and line.first_refused() is None
+
+    # Once a's pod is refused, a freed GPU should go to it
+    await until(lambda: (line.waiting("a") or (0, None))[1] is not None)
+    assert line.first_refused() == "a"
+
+    # When a GPU frees, a gets it; then b's pod, made again, is the one refused
+    pods.gpus = 1
+    pods.schedule()
+    await asyncio.wait_for(tasks[0], 5)
+    await until(lambda: line.first_refused() == "b")
+    assert served == ["a"] and pods.waiting == ["b"], pods
+    tasks[1].cancel()
+    await asyncio.gather(tasks[1], return_exceptions=True)
+    assert line.first_refused() is None
 
 
 async def test_a_launch_that_fails_leaves_the_line_and_the_next_goes_on() -> None:

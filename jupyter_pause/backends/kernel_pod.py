@@ -118,3 +118,22 @@ def unblock_responses(response_manager: Any) -> None:
     listening = getattr(response_manager, "_response_socket", None)
     if listening is not None and listening.gettimeout() != 0:
         listening.setblocking(False)
+
+
+#: What a pod made anew keeps of the pod it replaces (``pod_made_anew``); the rest of its
+#: metadata (uid, resourceVersion, creationTimestamp, managedFields) is the API server's.
+KEPT_METADATA = ("name", "namespace", "labels", "annotations", "ownerReferences", "finalizers")
+
+
+def pod_made_anew(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest that makes ``pod`` (a pod as JSON, with no node) again: its name, labels,
+    owner and spec, nothing the API server or the scheduler wrote (admission's additions to the
+    spec, a priority from its class or default tolerations, are what admission adds again)."""
+    metadata = pod.get("metadata") or {}
+    spec = {key: value for key, value in (pod.get("spec") or {}).items() if key != "nodeName"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {key: metadata[key] for key in KEPT_METADATA if key in metadata},
+        "spec": spec,
+    }

@@ -45,6 +45,7 @@ from .kernel_pod import (
     api_error,
     launcher_env,
     launcher_failure,
+    pod_made_anew,
     unblock_responses,
     unschedulable_reason,
 )
@@ -143,6 +144,9 @@ class KernelPodProvisioner(KubernetesProvisioner):
         self._pod_restored: bool | None = None  # the launching pod's PodRestored, when said
         self._launcher_stderr: IO[bytes] | None = None
         self._pinned: str | None = None  # the snapshot the launching pod pins
+        #: Why the launching pod, deleted to be made anew (``requeue``), could not be: the
+        #: launch fails with it rather than wait for a pod that will not come.
+        self._requeue_failed: KernelPodError | None = None
 
     # -- launch -----------------------------------------------------------------------------------
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
@@ -169,6 +173,7 @@ class KernelPodProvisioner(KubernetesProvisioner):
         self._pinned = kwargs["env"].get(SNAPSHOT_VARIABLE)
         self.restored_from = None
         self._pod_restored = None
+        self._requeue_failed = None
         # The launcher's stderr is kept to say why it failed (a 403 on the pod's creation).
         self._launcher_stderr = tempfile.TemporaryFile()  # noqa: SIM115 - read on failure
         kwargs["stderr"] = self._launcher_stderr
@@ -268,6 +273,9 @@ class KernelPodProvisioner(KubernetesProvisioner):
         ).items
         pods = [p for p in pods if p.metadata.deletion_timestamp is None] or pods
         if not pods:
+            if self._requeue_failed is not None:
+                failed, self._requeue_failed = self._requeue_failed, None
+                raise failed
             return ""
         pod = pods[0]
         self.container_name = pod.metadata.name
@@ -279,10 +287,14 @@ class KernelPodProvisioner(KubernetesProvisioner):
         self.placed = bool(pod.spec.node_name)
         if self.placed and self.on_placed is not None:
             self.on_placed()
+        tried = False  # the scheduler said whether the pod has a node
         for condition in (pod.status.conditions or []) if pod.status else []:
             if condition.type == RESTORED_CONDITION:
                 self._pod_restored = condition.status == "True"
+            tried = tried or condition.type == "PodScheduled"
         reason = unschedulable_reason(client.ApiClient().sanitize_for_serialization(pod))
+        if reason is None and not self.placed and not tried:
+            reason = self.waiting_reason  # a pod made anew (``requeue``): no verdict on it yet
         if reason != self.waiting_reason:
             if reason:
                 self.log.info("Kernel pod %s waits for resources: %s", pod.metadata.name, reason)
@@ -313,6 +325,56 @@ class KernelPodProvisioner(KubernetesProvisioner):
         raise KernelPodError(
             f"the kernel pod launcher exited with status {process.returncode}: {detail}"
         )
+
+    def requeue(self) -> bool:
+        """Make the launching pod anew while the scheduler refuses it a node, so that the
+        scheduler tries it at once: the GPU a pod of this server's just gave back goes to it
+        now, not once the scheduler's backoff for a pod it refused ends (up to 10 s, counted
+        from its last try; ``bench/kernel_pods_rush.py``). Nothing in it ran yet: the new pod
+        is the same name, labels, owner and spec. Returns whether it was made anew: False when
+        it got a node meanwhile (the delete is conditional on the pod as read), is gone, or is
+        not refused. Blocking API calls: run it in a thread."""
+        name = self.container_name or self.kernel_pod_name
+        if not name or self.paused:
+            return False
+        pod = self._read(name)
+        if pod is None or pod.spec.node_name or pod.metadata.deletion_timestamp is not None:
+            return False
+        manifest = client.ApiClient().sanitize_for_serialization(pod)
+        if unschedulable_reason(manifest) is None:
+            return False
+        unchanged = client.V1Preconditions(
+            uid=pod.metadata.uid, resource_version=pod.metadata.resource_version
+        )
+        api = client.CoreV1Api()
+        try:
+            api.delete_namespaced_pod(
+                name,
+                self.kernel_namespace,
+                body=client.V1DeleteOptions(grace_period_seconds=0, preconditions=unchanged),
+            )
+        except ApiException as err:
+            if err.status in (404, 409):  # gone, or changed (placed) since it was read
+                return False
+            raise api_error(
+                f"delete kernel pod {name} to make it anew",
+                self.kernel_namespace,
+                err.status,
+                api_detail(err.body, err.reason),
+            ) from None
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise api_error(
+                f"delete kernel pod {name} to make it anew", self.kernel_namespace, None, str(err)
+            ) from None
+        try:
+            self._call(
+                f"make kernel pod {name} anew",
+                lambda: api.create_namespaced_pod(self.kernel_namespace, pod_made_anew(manifest)),
+            )
+        except KernelPodError as err:  # its launch ends with why, the kernel stays paused
+            self._requeue_failed = err
+            raise
+        return True
 
     # -- pause ------------------------------------------------------------------------------------
     async def pause(self) -> None:

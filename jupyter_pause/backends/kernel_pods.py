@@ -7,8 +7,9 @@ the scheduler has its GPU back, while jupyter-server keeps the kernel, its id an
 session. A resume is jupyter-server's own restart of that kernel, which the provisioner makes a
 new pod under the same id (so the notebook's kernel connection follows the new pod's address).
 Resumes go through this server's line (``resume_line.py``): first asked first served, their pods
-made at once while GPUs are free, only the first in line keeping a pod the scheduler refused; a
-waiting resume says its place and the scheduler's own message. Where the pause took a pod
+made at once while GPUs are free, only the first in line keeping a pod the scheduler refused,
+which a pause of this server's makes anew so the GPU it freed goes to it at once (``_hand_off``);
+a waiting resume says its place and the scheduler's own message. Where the pause took a pod
 snapshot (``kernel_pod_snapshots.py``) the new pod pins it and the kernel may be the very process
 that paused ("live"); else the orchestrator restores the checkpoint into the new kernel from
 files. A resume on CPU skips the line and asks for no GPU. A resume joined by a second request
@@ -74,6 +75,7 @@ class KernelPodBackend(Backend):
         self._resumes: dict[str, asyncio.Task[None]] = {}  # kernel id -> its new pod's launch
         # Resumes whose pod has no node yet, first asked first (``resume_line.py``).
         self._line = ResumeLine(poll_seconds, launches_at_once)
+        self._hand_offs: set[asyncio.Task[None]] = set()  # held until done (``_hand_off``)
 
     async def join_resume(self, kernel_id: str) -> bool:
         """For a restart of ``kernel_id`` asked elsewhere (a user's Restart Kernel): when a
@@ -119,6 +121,7 @@ class KernelPodBackend(Backend):
                 await self.snapshots.drop(provisioner.kernel_namespace, snapshot)
             raise BackendError(str(err)) from None
         provisioner.snapshot = snapshot  # the resume's pod pins it
+        self._hand_off()
         namespace = provisioner.kernel_namespace
         provisioner.drop_snapshot = lambda name: self.snapshots.drop(namespace, name)
         # The pod is gone from the API server: the scheduler can place another pod on its GPU.
@@ -284,6 +287,28 @@ class KernelPodBackend(Backend):
         provisioner = self.provisioner(kernel_id)
         if provisioner is not None and not provisioner.paused and provisioner.container_name:
             await provisioner.pause()
+            self._hand_off()
+
+    def _hand_off(self) -> None:
+        """A pod of this server's is gone from its node: the first resume in line, when the
+        scheduler refused its pod, has that pod made anew (``KernelPodProvisioner.requeue``),
+        which the scheduler tries at once. Else the freed GPU stays idle until the scheduler's
+        backoff for the refused pod ends (up to 10 s; ``bench/kernel_pods_rush.py``). In the
+        background: a pause does not wait for it."""
+        key = self._line.first_refused()
+        provisioner = self.provisioner(key)
+        if key is None or provisioner is None:
+            return
+        task = asyncio.create_task(self._requeue(key, provisioner))
+        self._hand_offs.add(task)
+        task.add_done_callback(self._hand_offs.discard)
+
+    async def _requeue(self, kernel_id: str, provisioner: KernelPodProvisioner) -> None:
+        try:
+            if await asyncio.to_thread(provisioner.requeue):
+                log.info("Kernel %s: its refused pod made anew for a GPU just freed", kernel_id)
+        except KernelPodError as err:  # its launch ends with the same error
+            log.warning("Kernel %s: %s", kernel_id, err)
 
     async def restore(self, session: SessionSpec, allocation: Allocation) -> RestoreOutcome:
         started = allocation.details.get("kernel_id")

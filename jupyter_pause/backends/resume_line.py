@@ -14,7 +14,9 @@ The line's rules:
 * **One pod waits.** Once the scheduler refuses a pod (``Unschedulable``), only the first resume
   without a node keeps a waiting pod. A later one that is refused withdraws: its pod is deleted,
   and it waits without one, keeping its place, until every resume before it has a node. So the
-  next GPU freed can only go to the first in line.
+  next GPU freed can only go to the first in line. When this server's own pod frees one, the
+  backend makes that waiting pod anew (``first_refused``): the scheduler tries a new pod at
+  once, where it retries a refused one only once its backoff ends (up to 10 s).
 * **No overtaking.** Pods made together are created in whatever order their launchers finish. A
   later resume whose pod gets a node stays in line until every resume before it has one or is
   refused. If one before it is refused, the later one gives its node back (its launch cancelled,
@@ -44,6 +46,7 @@ class _Resume:
     launching: bool = False  # its pod is being made, or exists
     placed: bool = False  # its pod has a node
     refused: str | None = None  # the scheduler's reason, while its pod is refused a node
+    withdrew: bool = False  # its last pod was withdrawn: the next waits for all before it
 
 
 class ResumeLine:
@@ -75,6 +78,15 @@ class ResumeLine:
         # Every resume before it counts until it leaves the line, placed or not: one placed
         # while an earlier one has no node overtook it, and may give its node back.
         return 1 + len(self._ahead(key)), resume.refused
+
+    def first_refused(self) -> str | None:
+        """The key of the first resume in line without a node, when the scheduler refused its
+        pod one (the pod a GPU freed now should go to); None while there is none, or that
+        resume's pod is still being made."""
+        for key, resume in self._resumes.items():
+            if not resume.placed:
+                return key if resume.launching and resume.refused is not None else None
+        return None
 
     # -- what it does -----------------------------------------------------------------------------
     async def until_changed(self, launch: asyncio.Future[None] | None = None) -> None:
@@ -111,7 +123,7 @@ class ResumeLine:
                 while not self._may_launch(key):
                     await self._changed.wait()
                 launch = asyncio.ensure_future(attempt())
-                self._set(key, launching=True)
+                self._set(key, launching=True, withdrew=False)
                 try:
                     kept = await self._follow(key, launch, look)
                 finally:  # withdrawn, or the resume itself was cancelled: its pod is deleted
@@ -124,17 +136,21 @@ class ResumeLine:
                     if give_back is None or await self._settled(key):
                         return
                     await give_back()
-                self._set(key, launching=False, placed=False, refused=None)  # its turn comes
+                self._set(key, launching=False, placed=False, refused=None, withdrew=True)
         finally:
             self._leave(key)
 
     def _may_launch(self, key: str) -> bool:
         """Whether ``key``'s resume may make its pod: every one before it makes or has its own,
         the scheduler refused none of them, and fewer than ``launches_at_once`` are still in
-        the making."""
+        the making; after a withdrawal, every one before it has a node (else a pod made again
+        behind one still in the making is refused and withdrawn again, over and over)."""
+        withdrew = self._resumes[key].withdrew
         in_making = 0
         for resume in self._ahead(key):
             if not resume.launching or resume.refused is not None:
+                return False
+            if withdrew and not resume.placed:
                 return False
             in_making += not resume.placed
         return in_making < self.launches_at_once

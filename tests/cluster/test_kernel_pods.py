@@ -120,7 +120,7 @@ def test_a_kernel_pod_runs_pauses_without_its_gpu_and_resumes_under_its_id_from_
     asyncio.run(scenario())
 
 
-def test_a_resume_without_a_free_gpu_waits_with_the_schedulers_reason_past_the_launch_timeout(
+def test_a_resume_without_a_free_gpu_waits_with_the_schedulers_reason_past_the_launch_timeout_and_a_pod_made_anew(
     kernel_pods: KernelPods,
 ) -> None:
     from jupyter_pause.backends.kernel_pod_provisioner import resume_kernel
@@ -152,6 +152,20 @@ def test_a_resume_without_a_free_gpu_waits_with_the_schedulers_reason_past_the_l
             assert waiting["status"]["phase"] == "Pending" and not scheduled(waiting)
             assert "Insufficient nvidia.com/gpu" in manager.provisioner.waiting_reason
 
+            # When its pod is made anew (what a GPU freed by a pause of this server's does)
+            assert await asyncio.to_thread(manager.provisioner.requeue)
+
+            # Then a new pod of the same name, labels, owner and spec waits in its place, and
+            # the resume waits on with the reason (no verdict on the new pod changes it)
+            (anew,) = kernel_pods.kernel_pods()
+            assert anew["metadata"]["uid"] != waiting["metadata"]["uid"]
+            for kept in ("name", "labels", "annotations", "ownerReferences"):
+                assert anew["metadata"].get(kept) == waiting["metadata"].get(kept), kept
+            assert anew["spec"]["containers"] == waiting["spec"]["containers"]
+            assert "nodeName" not in anew["spec"]
+            assert "Insufficient nvidia.com/gpu" in manager.provisioner.waiting_reason
+            assert not resume.done(), resume
+
             # When the other team's pod goes
             cluster.release_gpus()
 
@@ -162,6 +176,10 @@ def test_a_resume_without_a_free_gpu_waits_with_the_schedulers_reason_past_the_l
             assert pod["metadata"]["labels"]["kernel_id"] == kernel_id
             assert pod["spec"]["nodeName"] == f"{cluster.pool}-gpu"
             assert await run_cell(manager, "print(6 * 7)") == "42\n"
+            # and a pod with a node is never made anew
+            assert not await asyncio.to_thread(manager.provisioner.requeue)
+            (still,) = kernel_pods.kernel_pods()
+            assert still["metadata"]["uid"] == pod["metadata"]["uid"]
         finally:
             await manager.shutdown_kernel(now=True)
 

@@ -466,6 +466,8 @@ async def test_a_morning_rush_is_served_in_request_order_each_showing_its_place(
     _, status = await server.call("GET", "status")
     assert status["resources"]["queue"] == ["b.ipynb", "c.ipynb"], status
 
+    refused_b = pods[kernels["b.ipynb"]]
+
     # When a pauses again
     code, record = await server.call("POST", "pause", "a.ipynb")
     assert code == 202, record
@@ -473,6 +475,12 @@ async def test_a_morning_rush_is_served_in_request_order_each_showing_its_place(
     # Then its GPU goes to b, and c is first in line, its pod waiting for the scheduler
     ready = await server.wait_state("b.ipynb", "ready", "partial", "failed", "paused")
     assert ready["state"] == "ready" and ready["how"] == "files", ready
+    # and b's refused pod was made anew once a's was gone, for the scheduler to try it at once
+    # rather than when its backoff for b's pod ended
+    pods = {p["metadata"]["labels"]["kernel_id"]: p for p in kernel_pods.kernel_pods()}
+    given = pods[kernels["b.ipynb"]]
+    assert given["metadata"]["name"] == refused_b["metadata"]["name"] and scheduled(given)
+    assert given["metadata"]["uid"] != refused_b["metadata"]["uid"]
     c = await server.wait_for(
         "c.ipynb", lambda r: "Insufficient nvidia.com/gpu" in (r["message"] or "")
     )
