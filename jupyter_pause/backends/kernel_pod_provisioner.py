@@ -347,25 +347,14 @@ class KernelPodProvisioner(KubernetesProvisioner):
             uid=pod.metadata.uid, resource_version=pod.metadata.resource_version
         )
         api = client.CoreV1Api()
-        try:
-            api.delete_namespaced_pod(
-                name,
-                self.kernel_namespace,
-                body=client.V1DeleteOptions(grace_period_seconds=0, preconditions=unchanged),
-            )
-        except ApiException as err:
-            if err.status in (404, 409):  # gone, or changed (placed) since it was read
-                return False
-            raise api_error(
-                f"delete kernel pod {name} to make it anew",
-                self.kernel_namespace,
-                err.status,
-                api_detail(err.body, err.reason),
-            ) from None
-        except (urllib3.exceptions.HTTPError, OSError) as err:
-            raise api_error(
-                f"delete kernel pod {name} to make it anew", self.kernel_namespace, None, str(err)
-            ) from None
+        options = client.V1DeleteOptions(grace_period_seconds=0, preconditions=unchanged)
+        deleted = self._call(
+            f"delete kernel pod {name} to make it anew",
+            lambda: api.delete_namespaced_pod(name, self.kernel_namespace, body=options),
+            tolerate=(404, 409),  # gone, or changed (placed) since it was read
+        )
+        if deleted is None:
+            return False
         try:
             self._call(
                 f"make kernel pod {name} anew",
@@ -433,10 +422,14 @@ class KernelPodProvisioner(KubernetesProvisioner):
             self.container_name = self.kernel_pod_name
 
     # -- the API calls ----------------------------------------------------------------------------
-    def _call(self, action: str, call: Any) -> Any:
+    def _call(self, action: str, call: Any, tolerate: tuple[int, ...] = ()) -> Any:
+        """``call()``'s answer; None for an API error whose status is in ``tolerate``; else
+        a ``KernelPodError`` that says what ``action`` was and why it failed."""
         try:
             return call()
         except ApiException as err:
+            if err.status in tolerate:
+                return None
             raise api_error(
                 action, self.kernel_namespace, err.status, api_detail(err.body, err.reason)
             ) from None
@@ -465,21 +458,12 @@ class KernelPodProvisioner(KubernetesProvisioner):
             self.log.warning("Kernel pod %s of a failed resume is left: %s", name, err)
 
     def _read(self, name: str) -> Any:
-        try:
-            return client.CoreV1Api().read_namespaced_pod(name, self.kernel_namespace)
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise api_error(
-                f"read kernel pod {name}",
-                self.kernel_namespace,
-                err.status,
-                api_detail(err.body, err.reason),
-            ) from None
-        except (urllib3.exceptions.HTTPError, OSError) as err:
-            raise api_error(
-                f"read kernel pod {name}", self.kernel_namespace, None, str(err)
-            ) from None
+        """The pod ``name`` as the API server has it; None when there is none."""
+        return self._call(
+            f"read kernel pod {name}",
+            lambda: client.CoreV1Api().read_namespaced_pod(name, self.kernel_namespace),
+            tolerate=(404,),
+        )
 
     async def _wait_gone(self, name: str) -> None:
         loop = asyncio.get_running_loop()
