@@ -8,12 +8,13 @@ session. A resume is jupyter-server's own restart of that kernel, which the prov
 new pod under the same id (so the notebook's kernel connection follows the new pod's address).
 Resumes go through this server's line (``resume_line.py``): first asked first served, their pods
 made at once while GPUs are free, only the first in line keeping a pod the scheduler refused,
-which a pause of this server's makes anew so the GPU it freed goes to it at once (``_hand_off``);
-a waiting resume says its place and the scheduler's own message. Where the pause took a pod
-snapshot (``kernel_pod_snapshots.py``) the new pod pins it and the kernel may be the very process
-that paused ("live"); else the orchestrator restores the checkpoint into the new kernel from
-files. A resume on CPU skips the line and asks for no GPU. A resume joined by a second request
-makes one pod; a cancelled or refused one leaves the kernel paused, its checkpoint intact.
+which a pause or a kernel shut down on this server makes anew so the GPU freed goes to it at
+once (``_hand_off``); a waiting resume says its place and the scheduler's own message. Where the
+pause took a pod snapshot (``kernel_pod_snapshots.py``) the new pod pins it and the kernel may be
+the very process that paused ("live"); else the orchestrator restores the checkpoint into the
+new kernel from files. A resume on CPU skips the line and asks for no GPU. A resume joined by a
+second request makes one pod; a cancelled or refused one leaves the kernel paused, its
+checkpoint intact.
 
 A kernel that is not a kernel pod (a CPU kernel beside the server) is stopped and started again
 as the local backend does, without a GPU queue: the cluster's scheduler is the queue.
@@ -52,6 +53,9 @@ log = logging.getLogger(__name__)
 
 #: Set in a resume's own launch: its restart of the kernel is not a user's Restart Kernel.
 _resume_launch = contextvars.ContextVar("jupyter_pause_resume_launch", default=False)
+
+#: jupyter-server's event of a kernel's start, restart, interrupt or shutdown, once done.
+KERNEL_ACTIONS = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"
 
 
 class KernelPodBackend(Backend):
@@ -289,12 +293,23 @@ class KernelPodBackend(Backend):
             await provisioner.pause()
             self._hand_off()
 
+    def follow_shutdowns(self, event_logger: Any) -> None:
+        """Hand on the GPU of each kernel shut down (by its user, a culler, a deleted
+        notebook) as a pause's is: jupyter-server's ``event_logger`` says when a shutdown is
+        done, and gateway-provisioners deleted its pod at once (grace period 0)."""
+
+        async def on_action(logger: Any, schema_id: str, data: dict[str, Any]) -> None:
+            if data.get("action") == "shutdown" and data.get("status") == "success":
+                self._hand_off()
+
+        event_logger.add_listener(schema_id=KERNEL_ACTIONS, listener=on_action)
+
     def _hand_off(self) -> None:
-        """A pod of this server's is gone from its node: the first resume in line, when the
-        scheduler refused its pod, has that pod made anew (``KernelPodProvisioner.requeue``),
-        which the scheduler tries at once. Else the freed GPU stays idle until the scheduler's
-        backoff for the refused pod ends (up to 10 s; ``bench/kernel_pods_rush.py``). In the
-        background: a pause does not wait for it."""
+        """A pod of this server's is gone from its node (a pause, a give-back, a kernel shut
+        down): the first resume in line, when the scheduler refused its pod, has that pod made
+        anew (``KernelPodProvisioner.requeue``), which the scheduler tries at once. Else the
+        freed GPU stays idle until the scheduler's backoff for the refused pod ends (up to
+        10 s; ``bench/kernel_pods_rush.py``). In the background: a pause does not wait for it."""
         key = self._line.first_refused()
         provisioner = self.provisioner(key)
         if key is None or provisioner is None:

@@ -351,6 +351,7 @@ class PauseApp(ExtensionApp):
             snapshots=snapshots,
         )
         join_restarts_to_resumes(kernel_manager, backend.join_resume)
+        backend.follow_shutdowns(serverapp.event_logger)
         self.log.info("jupyter_pause: kernel-pod backend (kernels in pods of their own)")
         # Each kernel pod asks the scheduler for its GPU: gpus_per_kernel defaults to 1.
         return backend, 1

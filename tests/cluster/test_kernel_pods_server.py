@@ -507,6 +507,38 @@ async def test_a_morning_rush_is_served_in_request_order_each_showing_its_place(
     assert sorted(pods) == sorted([kernels["b.ipynb"], kernels["c.ipynb"]]), pods
 
 
+async def test_a_kernel_pod_shut_down_hands_its_gpu_to_the_first_in_line_at_once(
+    pod_server: Server, kernel_pods: KernelPods
+) -> None:
+    server = pod_server
+    # Given a paused GPU notebook, and another notebook whose kernel pod holds the only GPU
+    kernel_id, _ = await a_paused_gpu_notebook(server, kernel_pods)
+    other = await open_gpu_notebook(server, "other.ipynb")
+    # and the paused one's resume waiting, its pod refused by the scheduler
+    code, _ = await server.call("POST", "resume", NOTEBOOK)
+    assert code == 202
+    waiting = await server.wait_for(
+        NOTEBOOK, lambda r: "Insufficient nvidia.com/gpu" in (r["message"] or "")
+    )
+    assert waiting["state"] == "waiting-for-resources", waiting
+    (refused,) = [
+        p for p in kernel_pods.kernel_pods() if p["metadata"]["labels"]["kernel_id"] == kernel_id
+    ]
+
+    # When the other notebook's kernel is shut down (JupyterLab's Shut Down Kernel)
+    response = await server.fetch("api", "kernels", other, method="DELETE")
+    assert response.code == 204
+
+    # Then the freed GPU went to the waiting resume's pod, made anew once the kernel was gone
+    # (the scheduler tries a new pod at once, a refused one only when its backoff ends)
+    ready = await server.wait_state(NOTEBOOK, "ready", "partial", "failed", "paused")
+    assert ready["state"] == "ready" and ready["kernel_id"] == kernel_id, ready
+    (pod,) = kernel_pods.kernel_pods()
+    assert pod["metadata"]["name"] == refused["metadata"]["name"] and scheduled(pod)
+    assert pod["metadata"]["uid"] != refused["metadata"]["uid"]
+    assert await server.run(kernel_id, "print(sum(weights) + step)") == "45.0\n"
+
+
 async def test_a_resume_waiting_for_a_gpu_restores_on_cpu_when_asked_in_a_pod_without_one(
     pod_server: Server, kernel_pods: KernelPods
 ) -> None:
