@@ -122,7 +122,7 @@ def unblock_responses(response_manager: Any) -> None:
 
 #: What a pod made anew keeps of the pod it replaces (``pod_made_anew``); the rest of its
 #: metadata (uid, resourceVersion, creationTimestamp, managedFields) is the API server's.
-KEPT_METADATA = ("name", "namespace", "labels", "annotations", "ownerReferences", "finalizers")
+KEPT_METADATA = ("name", "namespace", "labels", "annotations", "ownerReferences")
 
 
 def pod_made_anew(pod: Mapping[str, Any]) -> dict[str, Any]:

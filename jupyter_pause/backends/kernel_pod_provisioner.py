@@ -332,13 +332,16 @@ class KernelPodProvisioner(KubernetesProvisioner):
         now, not once the scheduler's backoff for a pod it refused ends (up to 10 s, counted
         from its last try; ``bench/kernel_pods_rush.py``). Nothing in it ran yet: the new pod
         is the same name, labels, owner and spec. Returns whether it was made anew: False when
-        it got a node meanwhile (the delete is conditional on the pod as read), is gone, or is
-        not refused. Blocking API calls: run it in a thread."""
+        it got a node meanwhile (the delete is conditional on the pod as read), is gone, is not
+        refused, or has finalizers (it would not be gone at once, and its name not free).
+        Blocking API calls: run it in a thread."""
         name = self.container_name or self.kernel_pod_name
         if not name or self.paused:
             return False
         pod = self._read(name)
         if pod is None or pod.spec.node_name or pod.metadata.deletion_timestamp is not None:
+            return False
+        if pod.metadata.finalizers:
             return False
         manifest = client.ApiClient().sanitize_for_serialization(pod)
         if unschedulable_reason(manifest) is None:

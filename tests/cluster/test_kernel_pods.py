@@ -166,6 +166,16 @@ def test_a_resume_without_a_free_gpu_waits_with_the_schedulers_reason_past_the_l
             assert "Insufficient nvidia.com/gpu" in manager.provisioner.waiting_reason
             assert not resume.done(), resume
 
+            # When something put a finalizer on it (it would not be gone at once when deleted)
+            path = core(kernel_pods.namespace, "pods", anew["metadata"]["name"])
+            held = {"metadata": {"finalizers": ["example.com/hold"]}}
+            cluster.api.merge(path, held)
+            # Then it is not made anew, and stays as it is
+            assert not await asyncio.to_thread(manager.provisioner.requeue)
+            (same,) = kernel_pods.kernel_pods()
+            assert same["metadata"]["uid"] == anew["metadata"]["uid"]
+            cluster.api.merge(path, {"metadata": {"finalizers": None}})
+
             # When the other team's pod goes
             cluster.release_gpus()
 
