@@ -74,12 +74,17 @@ browser:
 	fi
 
 # Runs every stage (Python and TypeScript linters, the docs, jest, the galata ui-tests, pytest) even
-# when one fails, then prints one line per stage and fails if any did.
+# when one fails, then prints one line per stage and fails if any did. A failed stage's errors
+# (its lines that say what failed, up to 15) come again just before that summary, so that the
+# last lines of a CI log say why, however long the stages after it ran.
 test: $(SETUP_STAMP) browser
-	@summary=""; failed=0; \
+	@summary=""; failed=0; log=$$(mktemp); errors=$$(mktemp); \
 	stage() { name=$$1; shift; echo "=== $$name"; \
-		if "$$@"; then summary="$$summary  $$name: passed\n"; \
-		else summary="$$summary  $$name: FAILED\n"; failed=1; fi; }; \
+		{ "$$@"; echo $$? > $$log.rc; } 2>&1 | tee $$log; \
+		if [ "$$(cat $$log.rc)" = 0 ]; then summary="$$summary  $$name: passed\n"; \
+		else summary="$$summary  $$name: FAILED\n"; failed=1; echo "--- $$name:" >> $$errors; \
+			sed -e 's/\x1b\[[0-9;]*m//g' -e '/^--- the last 80 lines of the server log/,$$d' $$log \
+			| grep -E 'Error|FAILED|Expected|Received|✘|●|^E  | error |[0-9]+ errors?|[Ww]ould reformat|\.spec\.ts:[0-9]|\.py:[0-9]+:[0-9]+' | head -n 15 | cut -c1-240 >> $$errors; fi; }; \
 	stage ruff sh -c '$(BIN)/ruff check . && $(BIN)/ruff format --check .'; \
 	stage lint $(JLPM) lint:check; \
 	stage docs $(BIN)/mkdocs build --strict; \
@@ -89,6 +94,8 @@ test: $(SETUP_STAMP) browser
 	stage ui-tests-kernel-pods sh -c 'cd ui-tests && rm -f server-kernel-pods.log && { CHROMIUM_PATH=$(CHROMIUM) $(JLPM) playwright test -c playwright-kernel-pods.config.js || { \
 		if [ -f server-kernel-pods.log ]; then echo "--- the last 80 lines of the server log, ui-tests/server-kernel-pods.log:"; tail -n 80 server-kernel-pods.log; fi; exit 1; }; }'; \
 	stage pytest $(BIN)/pytest -p no:cacheprovider -rs; \
+	if [ -s $$errors ]; then printf "\nwhat failed:\n"; cat $$errors; fi; \
+	rm -f $$log $$log.rc $$errors; \
 	printf "\nmake test:\n$$summary"; \
 	exit $$failed
 

@@ -221,7 +221,7 @@ export class NotebookPauseModel implements IDisposable {
       }
     });
     panel.sessionContext.connectionStatusChanged.connect(
-      this._askKernelStatus,
+      this._onConnectionStatusChanged,
       this
     );
   }
@@ -410,6 +410,16 @@ export class NotebookPauseModel implements IDisposable {
     } finally {
       this._reconnecting = false;
     }
+  }
+
+  /**
+   * The panel's kernel websocket connects, or closes. A status request sent on
+   * a websocket the server was closing is lost (the browser drops it, and
+   * JupyterLab never settles its future): the next connection asks again.
+   */
+  private _onConnectionStatusChanged(): void {
+    this._askingStatusOf = null;
+    this._askKernelStatus();
   }
 
   /**

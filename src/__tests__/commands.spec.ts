@@ -752,6 +752,35 @@ describe('NotebookPauseModel', () => {
     expect(kernel.requestIsComplete).toHaveBeenCalledTimes(1);
   });
 
+  it('asks again once reconnected when its request went on a closing websocket', async () => {
+    fakeTimers();
+    const state = {
+      session: session({ state: 'ready', kernel_id: 'k1', how: 'files' })
+    };
+    const { settings, calls } = fakeServer(state);
+    const h = harness(settings, calls);
+    const panel = h.tracker.currentWidget as unknown as FakePanel;
+    const kernel = panel.sessionContext.session.kernel;
+    kernel.status = 'unknown';
+    // The first request goes on a websocket the server is closing: the browser
+    // drops it, and JupyterLab never settles it.
+    kernel.requestIsComplete.mockReturnValueOnce(new Promise(() => undefined));
+    h.manager.modelFor(h.tracker.currentWidget!);
+    await advance(0);
+    expect(kernel.requestIsComplete).toHaveBeenCalledTimes(1);
+    await advance(11000);
+    expect(kernel.requestIsComplete).toHaveBeenCalledTimes(1);
+
+    // When the websocket closes and connects again, its status still unknown
+    kernel.connectionStatus = 'connecting';
+    panel.sessionContext.connectionStatusChanged.emit('connecting');
+    kernel.connectionStatus = 'connected';
+    panel.sessionContext.connectionStatusChanged.emit('connected');
+
+    // Then the kernel is asked again, on the new connection
+    expect(kernel.requestIsComplete).toHaveBeenCalledTimes(2);
+  });
+
   it('lets go of the kernel a pause stopped, once, so Restart Kernel starts a new one', async () => {
     fakeTimers();
     const state = { session: session({ state: 'active', kernel_id: 'k1' }) };
