@@ -83,8 +83,10 @@ test: $(SETUP_STAMP) browser
 		{ "$$@"; echo $$? > $$log.rc; } 2>&1 | tee $$log; \
 		if [ "$$(cat $$log.rc)" = 0 ]; then summary="$$summary  $$name: passed\n"; \
 		else summary="$$summary  $$name: FAILED\n"; failed=1; echo "--- $$name:" >> $$errors; \
-			sed -e 's/\x1b\[[0-9;]*m//g' -e '/^--- the last 80 lines of the server log/,$$d' $$log \
-			| grep -E 'Error|FAILED|Expected|Received|✘|●|^E  | error |[0-9]+ errors?|[Ww]ould reformat|\.spec\.ts:[0-9]|\.py:[0-9]+:[0-9]+' | head -n 15 | cut -c1-240 >> $$errors; fi; }; \
+			sed -e 's/\x1b\[[0-9;]*m//g' -e '/^--- the last 80 lines of the server log/,$$d' $$log > $$log.plain; \
+			{ grep -E '^(FAILED|ERROR) [^ ]' $$log.plain; grep -vE '^(DEBUG|INFO|WARNING|ERROR|CRITICAL)  |^(FAILED|ERROR) [^ ]' $$log.plain \
+			| grep -E 'Error|Expected|Received|✘|●|^E  | error |[0-9]+ errors?|[Ww]ould reformat|\.spec\.ts:[0-9]|\.py:[0-9]+:[0-9]+'; } \
+			| head -n 15 | cut -c1-240 >> $$errors; fi; }; \
 	stage ruff sh -c '$(BIN)/ruff check . && $(BIN)/ruff format --check .'; \
 	stage lint $(JLPM) lint:check; \
 	stage docs $(BIN)/mkdocs build --strict; \
@@ -93,9 +95,9 @@ test: $(SETUP_STAMP) browser
 		if [ -f server.log ]; then echo "--- the last 80 lines of the server log, ui-tests/server.log:"; tail -n 80 server.log; fi; exit 1; }; }'; \
 	stage ui-tests-kernel-pods sh -c 'cd ui-tests && rm -f server-kernel-pods.log && { CHROMIUM_PATH=$(CHROMIUM) $(JLPM) playwright test -c playwright-kernel-pods.config.js || { \
 		if [ -f server-kernel-pods.log ]; then echo "--- the last 80 lines of the server log, ui-tests/server-kernel-pods.log:"; tail -n 80 server-kernel-pods.log; fi; exit 1; }; }'; \
-	stage pytest $(BIN)/pytest -p no:cacheprovider -rs; \
+	stage pytest $(BIN)/pytest -p no:cacheprovider -rfEs; \
 	if [ -s $$errors ]; then printf "\nwhat failed:\n"; cat $$errors; fi; \
-	rm -f $$log $$log.rc $$errors; \
+	rm -f $$log $$log.rc $$log.plain $$errors; \
 	printf "\nmake test:\n$$summary"; \
 	exit $$failed
 

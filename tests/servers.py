@@ -75,8 +75,6 @@ class Server:
     async def run(self, kernel_id: str, code: str, timeout: float = 120) -> str:
         """Execute a cell as a user would; returns its stdout, fails on an error."""
         client = self.app.kernel_manager.get_kernel(kernel_id).client()
-        client.start_channels()
-        await client.wait_for_ready(timeout=60)  # iopub subscribed: no output is missed
         out: list[str] = []
         errors: list[str] = []
 
@@ -86,7 +84,9 @@ class Server:
             elif msg["msg_type"] == "error":
                 errors.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
 
-        try:
+        client.start_channels()
+        try:  # closed however it ends: a socket left open fails a later test (ResourceWarning)
+            await client.wait_for_ready(timeout=60)  # iopub subscribed: no output is missed
             await client.execute_interactive(code, output_hook=hook, timeout=timeout)
         finally:
             client.stop_channels()

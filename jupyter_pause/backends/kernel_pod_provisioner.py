@@ -69,6 +69,9 @@ except Exception as no_config:  # k8s.py loads the cluster's config when importe
 PROVISIONER_NAME = "jupyter-pause-kernel-pod"
 #: The template values that give a kernel pod its GPUs (``kernel-pod.yaml.j2``).
 GPU_VARIABLES = ("KERNEL_GPUS", "KERNEL_GPUS_LIMIT")
+#: Set in a new kernel's environment by a resume on CPU: its pod asks for no GPU (the kernelspec's
+#: own ``env``, which sets ``GPU_VARIABLES``, has the last word on a kernel's environment).
+WITHOUT_GPUS_VARIABLE = "JUPYTER_PAUSE_KERNEL_WITHOUT_GPUS"
 #: The template value that pins a pod snapshot on a kernel's new pod (``kernel-pod.yaml.j2``
 #: renders GKE's ``podsnapshot.gke.io/ps-name`` and the label the snapshot policy selects).
 SNAPSHOT_VARIABLE = "KERNEL_POD_SNAPSHOT"
@@ -153,6 +156,7 @@ class KernelPodProvisioner(KubernetesProvisioner):
         self.resuming, self.paused = self.paused, False
         self.waiting_reason = None
         self.placed = False
+        without_gpus = bool(kwargs.get("env", {}).pop(WITHOUT_GPUS_VARIABLE, None))
         kwargs = await super().pre_launch(**kwargs)
         # jupyter_client's conventions for a kernelspec's argv, which remote provisioners skip:
         # "python" is the server's interpreter, {resource_dir} the kernelspec's folder.
@@ -163,7 +167,7 @@ class KernelPodProvisioner(KubernetesProvisioner):
         kwargs["cmd"] = cmd
         kwargs["env"] = launcher_env(kwargs["env"], self.kernel_spec.env or {})
         kwargs["env"].pop(SNAPSHOT_VARIABLE, None)
-        if self.without_gpus:  # the pod template asks for GPUs only when KERNEL_GPUS is set
+        if self.without_gpus or without_gpus:  # the template asks for GPUs with KERNEL_GPUS
             self.without_gpus = False
             for name in GPU_VARIABLES:
                 kwargs["env"].pop(name, None)

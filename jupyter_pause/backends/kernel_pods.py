@@ -44,7 +44,12 @@ from .base import (
     StopOutcome,
 )
 from .kernel_pod import KernelPodError
-from .kernel_pod_provisioner import PROVISIONER_NAME, KernelPodProvisioner, pod_placement
+from .kernel_pod_provisioner import (
+    PROVISIONER_NAME,
+    WITHOUT_GPUS_VARIABLE,
+    KernelPodProvisioner,
+    pod_placement,
+)
 from .kernel_pod_snapshots import KernelPodSnapshots
 from .kernels import running_kernel, start_kernel
 from .resume_line import Placement, ResumeLine
@@ -172,6 +177,9 @@ class KernelPodBackend(Backend):
         if running is not None or not self._kernel_pod_spec(session.kernel_name):
             return Allocation(granted_at=time.time())
         kernel_id = str(uuid.uuid4())
+        if session.gpus == 0:  # on CPU: a pod that asks for no GPU, no line to wait in
+            await self._start(session, kernel_id, {WITHOUT_GPUS_VARIABLE: "1"})
+            return Allocation(granted_at=time.time(), details={"kernel_id": kernel_id})
         namespace = os.environ.get("KERNEL_NAMESPACE")
 
         async def look() -> Placement:
@@ -247,10 +255,12 @@ class KernelPodBackend(Backend):
         provisioner = (spec.metadata or {}).get("kernel_provisioner") or {}
         return provisioner.get("provisioner_name") == PROVISIONER_NAME
 
-    async def _start(self, session: SessionSpec, kernel_id: str) -> None:
+    async def _start(
+        self, session: SessionSpec, kernel_id: str, env: dict[str, str] | None = None
+    ) -> None:
         try:
             await start_kernel(
-                self.kernel_manager, self.session_manager, session, {}, kernel_id=kernel_id
+                self.kernel_manager, self.session_manager, session, env or {}, kernel_id=kernel_id
             )
         except BackendError as err:
             raise StillPaused(str(err)) from None
@@ -276,13 +286,24 @@ class KernelPodBackend(Backend):
         except Exception as err:  # the launcher's or the kernel's failure, as jupyter says it
             raise StillPaused(f"the kernel pod could not be started again: {err}") from None
         except asyncio.CancelledError:
-            # Cancelled (or withdrawn from the line) just after its kernel answered.
+            # Cancelled (or withdrawn from the line) while it waited, or just after its kernel
+            # answered. jupyter_client settles the kernel's ``ready`` when a start fails, never
+            # when it is cancelled, and a shutdown of a kernel whose ``ready`` is pending fails
+            # (InvalidStateError: the user's, or the server's own at its stop, which then never
+            # exits). The kernel is paused again, as before the restart: nothing is starting.
+            self._settle_ready(kernel_id)
             with contextlib.suppress(Exception):
                 await self._pause_again(kernel_id)
             raise
         finally:
             if provisioner is not None:
                 provisioner.on_placed = None
+
+    def _settle_ready(self, kernel_id: str) -> None:
+        if kernel_id in self.kernel_manager:
+            ready = self.kernel_manager.get_kernel(kernel_id).ready
+            if not ready.done():
+                ready.set_result(None)
 
     async def _pause_again(self, kernel_id: str) -> None:
         """A resume's new pod, whose kernel already answered, goes again and the kernel stays

@@ -1201,7 +1201,7 @@ class KubeletPod:
     uid: str
     node: str
     workspace: str | None = None  # its notebooks.kubeflow.org/workspace-name label
-    phase: str = "new"  # new, starting, pulling, running, backoff, stopping, gone
+    phase: str = "new"  # new, starting, pulling, running, backoff, ended, stopping, gone
     container: Container | None = None
     restarts: int = 0
     retry_at: float = 0.0  # pulling / backoff: when to try again
@@ -1711,15 +1711,32 @@ class RealPlayedCluster:
 
     def _sync_running(self, known: KubeletPod, pod: dict[str, Any]) -> None:
         """A kubelet's periodic sync of a running pod: Ready follows the readiness gates; a
-        container whose process ended is restarted after a back-off (CrashLoopBackOff)."""
+        container whose process ended is restarted after a back-off (CrashLoopBackOff), as its
+        ``restartPolicy`` says: with ``Never`` (a kernel pod's) the pod ends, Failed or
+        Succeeded by its exit code, and is never started again."""
         container = known.container
         if container is None or known.lock.locked():
             return
-        if container.process.poll() is not None:  # ended by itself: it was not stopped
+        code = container.process.poll()
+        policy = pod["spec"].get("restartPolicy", "Always")
+        if code is not None and (policy == "Never" or (policy == "OnFailure" and code == 0)):
+            known.phase = "ended"  # the sync leaves it be until it is deleted
+            with self.lock:
+                played = self._workspace_of(pod)
+                if played is not None and played.current is container:
+                    played.current = None
+            known.container = None
+            state = {"terminated": {"exitCode": code, "reason": "Completed" if not code else "Error",
+                                    "finishedAt": now_rfc3339()}}  # fmt: skip
+            self._write_pod_status(known, lambda fresh: {
+                "phase": "Succeeded" if not code else "Failed",
+                "conditions": self._kubelet_conditions(fresh, False),
+                "containerStatuses": self._container_status(fresh, known, state, False)})  # fmt: skip
+            return
+        if code is not None:  # ended by itself: it was not stopped
             known.restarts += 1
             known.phase = "backoff"
             known.retry_at = time.monotonic() + min(300.0, 10.0 * 2 ** (known.restarts - 1))
-            code = container.process.returncode
             with self.lock:
                 played = self._workspace_of(pod)
                 if played is not None and played.current is container:

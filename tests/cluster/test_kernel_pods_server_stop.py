@@ -1,6 +1,7 @@
 """The CPU server pod stops while its notebooks' kernel pods run (Kubeflow stops the workspace,
-a node drains): each notebook is paused, its kernel pod and GPU go, and once the server is back
-on its volume, each resumes from its checkpoint.
+a node drains): each notebook is paused, its kernel pod and GPU go, a resume waiting for a GPU
+is given up (its checkpoint kept), and once the server is back on its volume, each resumes from
+its checkpoint, on a GPU or, asked so, at once on CPU.
 
 A real ``jupyter_server`` process on the kernel-pod backend (``kernel_pod_server.py``, the
 shipped kernelspec and RBAC) on the real control plane, sent SIGTERM as the kubelet stops a pod,
@@ -9,6 +10,7 @@ then started again on the same folder.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from .kernel_pod_server import KERNEL_NAME, kernel_pod_server, kernel_pod_server_env
+from .notebooks import RemoteServer
 from .real_players import RealPlayedCluster, core
 
 pytest.importorskip("gateway_provisioners", reason="the kernel-pod backend's tests")
@@ -38,6 +41,12 @@ def stop(process: subprocess.Popen[bytes]) -> int:
         raise AssertionError("the server did not exit within 30 s of SIGTERM") from None
 
 
+def watched(server: RemoteServer, path: str) -> None:
+    """Until the server sees each busy/idle change of the notebook's kernel."""
+    while not server.session(path)["watching"]:
+        time.sleep(0.1)
+
+
 def test_a_stopping_server_pauses_each_kernel_pod_and_each_notebook_resumes_once_it_is_back(
     real_chain: RealPlayedCluster, tmp_path: Path
 ) -> None:
@@ -47,19 +56,36 @@ def test_a_stopping_server_pauses_each_kernel_pod_and_each_notebook_resumes_once
     folder = tmp_path / "server"
     process, server = kernel_pod_server(env, folder, "c.PauseApp.platform_stop_seconds = 25\n")
     try:
-        # Given two notebooks on GPU kernel pods: one idle, one running a cell
+        # Given a notebook paused earlier
+        later = server.open_notebook("later.ipynb", KERNEL_NAME)
+        server.run(later, "plan = 'tomorrow'")
+        watched(server, "later.ipynb")
+        code, record = server.request("POST", "/jupyter-pause/pause/later.ipynb")
+        assert code == 202, record
+        assert server.wait_state("later.ipynb", "paused", "active")["state"] == "paused"
+        # and two notebooks on GPU kernel pods: one idle, one running a cell
         idle = server.open_notebook("idle.ipynb", KERNEL_NAME)
         server.run(idle, "weights = [0.5] * 8\nnote = 'kept'")
         busy = server.open_notebook("busy.ipynb", KERNEL_NAME)
         server.run(busy, "step = -1")
         for path in ("idle.ipynb", "busy.ipynb"):
-            while not server.session(path)["watching"]:  # it sees each busy/idle change
-                time.sleep(0.1)
+            watched(server, path)
         server.start_cell(busy, COUNTING)
         while not server.session("busy.ipynb")["busy"]:
             time.sleep(0.1)
         time.sleep(1)  # it counts
         assert len(kernel_pods(chain)) == 2
+        # and the paused one resumed: its pod waits for a GPU, both taken
+        code, record = server.request("POST", "/jupyter-pause/resume/later.ipynb")
+        assert code == 202, record
+        deadline = time.monotonic() + 60
+        while "Insufficient nvidia.com/gpu" not in (server.session("later.ipynb")["message"] or ""):
+            assert time.monotonic() < deadline, server.session("later.ipynb")
+            time.sleep(0.2)
+        waiting = server.session("later.ipynb")
+        assert waiting["state"] == "waiting-for-resources", waiting
+        assert waiting["queue_position"] == 1, waiting
+        assert len(kernel_pods(chain)) == 3
 
         # When the platform stops the server pod
         stop(process)
@@ -68,7 +94,8 @@ def test_a_stopping_server_pauses_each_kernel_pod_and_each_notebook_resumes_once
             process.kill()
             process.wait(30)
 
-    # Then it exited within the grace period, and no kernel pod is left holding a GPU
+    # Then it exited within the grace period, and no kernel pod is left holding a GPU or
+    # waiting for one
     assert kernel_pods(chain) == []
     log = "".join(p.read_text() for p in folder.glob("server-*.log"))
     assert "SIGTERM: 2 notebook(s) paused" in log, log[-3000:]
@@ -76,8 +103,9 @@ def test_a_stopping_server_pauses_each_kernel_pod_and_each_notebook_resumes_once
     # When the server is back on its volume
     process, server = kernel_pod_server(env, folder)
     try:
-        # Then each notebook says it was paused at the stop, its checkpoint kept
-        for path in ("idle.ipynb", "busy.ipynb"):
+        # Then each notebook says it is paused, its checkpoint kept: the two paused at the
+        # stop, and the one whose resume waited
+        for path in ("idle.ipynb", "busy.ipynb", "later.ipynb"):
             record = server.session(path)
             assert record["state"] == "paused", record
             assert record["checkpoint"] is not None, record
@@ -85,18 +113,30 @@ def test_a_stopping_server_pauses_each_kernel_pod_and_each_notebook_resumes_once
         reasons = [e["data"].get("reason") for e in timeline["events"]]
         assert "the server is stopping (SIGTERM)" in reasons, timeline
 
-        # and each resumes from files into a new kernel pod, its variables back; the cell
-        # that ran was interrupted, with what it had counted so far
-        for path in ("idle.ipynb", "busy.ipynb"):
+        # and each resumes from files into a new kernel pod, its variables back: two on the
+        # GPUs, the third asked on CPU now, while both GPUs are taken
+        for path in ("idle.ipynb", "later.ipynb"):
             code, record = server.request("POST", f"/jupyter-pause/resume/{path}")
             assert code == 202, record
             ready = server.wait_state(path, "ready", "partial", "failed", "paused")
             assert ready["state"] == "ready" and ready["how"] == "files", ready
+        code, record = server.request(
+            "POST", "/jupyter-pause/resume/busy.ipynb", {"accelerators": "none"}
+        )
+        assert code == 202, record
+        ready = server.wait_state("busy.ipynb", "ready", "partial", "failed", "paused", timeout=60)
+        assert ready["state"] == "ready" and "On CPU, as asked" in ready["message"], ready
         kernel = server.session("idle.ipynb")["kernel_id"]
         assert server.run(kernel, "print(sum(weights), note)") == "4.0 kept\n"
+        kernel = server.session("later.ipynb")["kernel_id"]
+        assert server.run(kernel, "print(plan)") == "tomorrow\n"
+        # the cell that ran was interrupted, with what it had counted so far
         kernel = server.session("busy.ipynb")["kernel_id"]
         assert int(server.run(kernel, "print(step)")) > 0
-        assert len(kernel_pods(chain)) == 2
+        pods = {p["metadata"]["labels"]["kernel_id"]: p for p in kernel_pods(chain)}
+        assert len(pods) == 3 and all(p["spec"].get("nodeName") for p in pods.values()), pods
+        (container,) = pods[kernel]["spec"]["containers"]
+        assert "nvidia.com/gpu" not in json.dumps(container.get("resources") or {}), container
     finally:
         stop(process)
 

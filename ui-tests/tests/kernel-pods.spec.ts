@@ -9,8 +9,9 @@ import { PauseHelper } from './helpers';
  * control plane's one node of one GPU. A notebook paused from the toolbar,
  * closed and opened again, and resumed while the GPU is taken shows its place
  * in this server's line,
- * "Waiting for GPU (2nd in line)", then "Ready" once the GPU comes round to
- * it, with its data back in the same kernel.
+ * "Waiting for GPU (2nd in line)" (again once closed and opened while it
+ * waits), then "Ready" once the GPU comes round to it, with its data back in
+ * the same kernel.
  */
 test.use({
   mockSettings: {
@@ -123,6 +124,13 @@ test('a resume waits for the GPU in line, then is ready in the same kernel', asy
     'title',
     /2nd in line; 1 resume on this server gets a GPU first/
   );
+  // and closed and opened again while it waits, it still says so
+  await page.notebook.close();
+  await page.notebook.openByPath(`${tmpPath}/mine.ipynb`);
+  await page.notebook.activate('mine.ipynb');
+  await expect(pause.chipLabel).toHaveText('Waiting for GPU (2nd in line)', {
+    timeout: 60 * 1000
+  });
 
   // When the GPU is freed, goes to the other notebook, and is freed again
   await post(request, 'pause', trainer);
