@@ -85,6 +85,7 @@ class KernelPodBackend(Backend):
         # Resumes whose pod has no node yet, first asked first (``resume_line.py``).
         self._line = ResumeLine(poll_seconds, launches_at_once)
         self._hand_offs: set[asyncio.Task[None]] = set()  # held until done (``_hand_off``)
+        self._shut_down: set[str] = set()  # kernels whose resume a shutdown ended (``end_resume``)
 
     async def join_resume(self, kernel_id: str) -> bool:
         """For a restart of ``kernel_id`` asked elsewhere (a user's Restart Kernel): when a
@@ -95,6 +96,20 @@ class KernelPodBackend(Backend):
             return False
         with contextlib.suppress(BaseException):
             await asyncio.shield(launch)
+        return True
+
+    async def end_resume(self, kernel_id: str) -> bool:
+        """For a shutdown of ``kernel_id`` asked elsewhere (a user's Shut Down Kernel, a culler,
+        a deleted notebook): a resume of that kernel in flight ends first, as a cancel does (its
+        pod deleted, the session paused, saying why), so that jupyter-server shuts down a kernel
+        that is not starting. True when there was one to end."""
+        launch = self._resumes.get(kernel_id)
+        if launch is None or launch.done() or _resume_launch.get():
+            return False
+        self._shut_down.add(kernel_id)
+        launch.cancel()
+        with contextlib.suppress(BaseException):
+            await launch
         return True
 
     def provisioner(self, kernel_id: str | None) -> KernelPodProvisioner | None:
@@ -214,6 +229,7 @@ class KernelPodBackend(Backend):
         after a cancel, may hold it already)."""
         task = asyncio.create_task(launch)
         self._resumes[kernel_id] = task
+        self._shut_down.discard(kernel_id)
 
         def forget(done: asyncio.Task[None]) -> None:
             if self._resumes.get(kernel_id) is done:
@@ -244,6 +260,9 @@ class KernelPodBackend(Backend):
             with contextlib.suppress(BaseException):
                 await launch
             raise
+        if launch.cancelled() and kernel_id in self._shut_down:
+            self._shut_down.discard(kernel_id)
+            raise StillPaused("its kernel was shut down while it waited; a resume starts a new one")
         launch.result()  # StillPaused, with why
 
     def _kernel_pod_spec(self, kernel_name: str) -> bool:

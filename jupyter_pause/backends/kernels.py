@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import uuid
 from typing import Any
 
 from .base import BackendError, SessionSpec
@@ -32,14 +33,25 @@ async def start_kernel(
 ) -> str:
     """Start a kernel for the notebook (its session points at it), under ``kernel_id`` when
     given; BackendError if it cannot."""
+    kernel_id = kernel_id or str(uuid.uuid4())
     try:
-        kernel_id = await kernel_manager.start_kernel(
+        await kernel_manager.start_kernel(
             path=os.path.dirname(session.path),
             kernel_name=session.kernel_name,
             env=kernel_env(session_manager, session, env),
-            **({"kernel_id": kernel_id} if kernel_id else {}),
+            kernel_id=kernel_id,
         )
-    except Exception as err:  # no such kernelspec, kernel crashed on start, ...
+    except BaseException as err:
+        # jupyter_client keeps a kernel whose start failed or was cancelled (a resume given
+        # up while its kernel pod waited) among its pending kernels for good, and its
+        # shutdown_all at the server's stop then fails on it (jupyter-server: "Kernel does not
+        # exist", a 404): the server would never exit.
+        pending = getattr(kernel_manager, "_pending_kernels", None)
+        if isinstance(pending, dict) and kernel_id not in kernel_manager:
+            pending.pop(kernel_id, None)
+        if not isinstance(err, Exception):
+            raise
+        # no such kernelspec, kernel crashed on start, ...
         raise BackendError(f"could not start a {session.kernel_name} kernel: {err}") from err
     await open_session(session_manager, session, kernel_id)
     return kernel_id

@@ -340,7 +340,7 @@ class PauseApp(ExtensionApp):
             self.log.error("jupyter_pause: no kernel-pod backend: %s; using 'local'", err)
             return None
         from ..backends.kernel_pod_snapshots import KernelPodSnapshots
-        from .kernel_restarts import join_restarts_to_resumes
+        from .kernel_restarts import end_resumes_before_shutdowns, join_restarts_to_resumes
 
         snapshots = KernelPodSnapshots(self.pod_snapshots, self.snapshot_timeout_seconds)
         kernel_manager = serverapp.kernel_manager
@@ -351,6 +351,7 @@ class PauseApp(ExtensionApp):
             snapshots=snapshots,
         )
         join_restarts_to_resumes(kernel_manager, backend.join_resume)
+        end_resumes_before_shutdowns(kernel_manager, backend.end_resume)
         backend.follow_shutdowns(serverapp.event_logger)
         self.log.info("jupyter_pause: kernel-pod backend (kernels in pods of their own)")
         # Each kernel pod asks the scheduler for its GPU: gpus_per_kernel defaults to 1.

@@ -1,4 +1,5 @@
-"""A user's Restart Kernel while jupyter_pause brings that kernel back joins the resume.
+"""A user's Restart Kernel while jupyter_pause brings that kernel back joins the resume; a
+Shut Down Kernel ends it first.
 
 A kernel-pod resume is jupyter-server's own restart of the paused kernel
 (``backends/kernel_pods.py``), and it may wait a long time for a GPU. jupyter_client cannot run
@@ -9,6 +10,11 @@ restart with a 500. So a Restart pressed meanwhile (JupyterLab's toolbar, ``POST
 /api/kernels/ID/restart``) waits for the resume and answers with the kernel it brought back:
 the notebook gets the working kernel it asked for, with its state restored. A Restart once the
 resume is done restarts the kernel as usual.
+
+A shutdown meanwhile (Shut Down Kernel, a culler, a notebook closed with its kernel) ends the
+resume first, as a cancel does: jupyter_client cannot shut down a kernel whose restart is in
+flight either (its pending ``ready`` raises, a 500), and the notebook stays paused, its
+checkpoint intact, saying why.
 """
 
 from __future__ import annotations
@@ -35,3 +41,18 @@ def join_restarts_to_resumes(
         return await restart(kernel_id, *args, **kwargs)
 
     kernel_manager.restart_kernel = restart_unless_resuming
+
+
+def end_resumes_before_shutdowns(
+    kernel_manager: Any, end_resume: Callable[[str], Awaitable[bool]]
+) -> None:
+    """Make ``kernel_manager.shutdown_kernel`` end the kernel's resume in flight first
+    (``end_resume`` answers True once it ended one)."""
+    shutdown = kernel_manager.shutdown_kernel
+
+    async def shutdown_after_resume(kernel_id: str, *args: Any, **kwargs: Any) -> Any:
+        if await end_resume(kernel_id):
+            log.info("jupyter_pause: Shut Down Kernel of %s ended its resume", kernel_id)
+        return await shutdown(kernel_id, *args, **kwargs)
+
+    kernel_manager.shutdown_kernel = shutdown_after_resume

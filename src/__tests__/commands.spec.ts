@@ -721,7 +721,11 @@ describe('NotebookPauseModel', () => {
     expect(panel.sessionContext.changeKernel).toHaveBeenCalledTimes(1);
   });
 
-  it('asks the status of the resumed kernel it reconnected to, once', async () => {
+  /**
+   * A notebook restored from files into a kernel whose status JupyterLab does
+   * not know (the resume moved the kernel: its websocket reconnects).
+   */
+  function resumedKernel() {
     fakeTimers();
     const state = {
       session: session({ state: 'ready', kernel_id: 'k1', how: 'files' })
@@ -729,9 +733,13 @@ describe('NotebookPauseModel', () => {
     const { settings, calls } = fakeServer(state);
     const h = harness(settings, calls);
     const panel = h.tracker.currentWidget as unknown as FakePanel;
-    // (the resume moved the kernel: its websocket reconnects, its status unknown)
     const kernel = panel.sessionContext.session.kernel;
     kernel.status = 'unknown';
+    return { h, calls, panel, kernel };
+  }
+
+  it('asks the status of the resumed kernel it reconnected to, once', async () => {
+    const { h, calls, panel, kernel } = resumedKernel();
     kernel.connectionStatus = 'connecting';
     const model = h.manager.modelFor(h.tracker.currentWidget!);
     await advance(0);
@@ -753,15 +761,7 @@ describe('NotebookPauseModel', () => {
   });
 
   it('asks again once reconnected when its request went on a closing websocket', async () => {
-    fakeTimers();
-    const state = {
-      session: session({ state: 'ready', kernel_id: 'k1', how: 'files' })
-    };
-    const { settings, calls } = fakeServer(state);
-    const h = harness(settings, calls);
-    const panel = h.tracker.currentWidget as unknown as FakePanel;
-    const kernel = panel.sessionContext.session.kernel;
-    kernel.status = 'unknown';
+    const { h, panel, kernel } = resumedKernel();
     // The first request goes on a websocket the server is closing: the browser
     // drops it, and JupyterLab never settles it.
     kernel.requestIsComplete.mockReturnValueOnce(new Promise(() => undefined));

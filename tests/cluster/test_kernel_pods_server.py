@@ -539,6 +539,37 @@ async def test_a_kernel_pod_shut_down_hands_its_gpu_to_the_first_in_line_at_once
     assert await server.run(kernel_id, "print(sum(weights) + step)") == "45.0\n"
 
 
+async def test_a_kernel_shut_down_while_its_resume_waits_ends_the_wait_and_keeps_the_checkpoint(
+    pod_server: Server, kernel_pods: KernelPods
+) -> None:
+    server = pod_server
+    cluster = kernel_pods.cluster
+    # Given a paused GPU notebook whose resume waits: another team holds the only GPU
+    kernel_id = await a_resume_waiting_for_the_gpu(server, kernel_pods)
+    assert len(kernel_pods.kernel_pods()) == 1
+
+    # When its kernel is shut down (JupyterLab's Shut Down Kernel, a culler)
+    response = await server.fetch("api", "kernels", kernel_id, method="DELETE")
+
+    # Then the kernel is gone with its waiting pod, and the notebook is paused, its
+    # checkpoint intact
+    assert response.code == 204
+    assert kernel_id not in await kernel_ids(server)
+    await until(lambda: kernel_pods.kernel_pods() == [], 60, "no kernel pod", cluster)
+    paused = await server.wait_state(NOTEBOOK, "paused", timeout=60)
+    assert paused["checkpoint"] is not None, paused
+
+    # When the GPU is free and the notebook resumed
+    cluster.release_gpus()
+    code, record = await server.call("POST", "resume", NOTEBOOK)
+    assert code == 202, record
+
+    # Then it is back from files in a new kernel pod
+    ready = await server.wait_state(NOTEBOOK, "ready", "partial", "failed", "paused")
+    assert ready["state"] == "ready" and ready["how"] == "files", ready
+    assert await server.run(ready["kernel_id"], "print(sum(weights) + step)") == "45.0\n"
+
+
 async def test_a_resume_waiting_for_a_gpu_restores_on_cpu_when_asked_in_a_pod_without_one(
     pod_server: Server, kernel_pods: KernelPods
 ) -> None:

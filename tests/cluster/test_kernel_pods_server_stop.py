@@ -114,12 +114,19 @@ def test_a_stopping_server_pauses_each_kernel_pod_and_each_notebook_resumes_once
         assert "the server is stopping (SIGTERM)" in reasons, timeline
 
         # and each resumes from files into a new kernel pod, its variables back: two on the
-        # GPUs, the third asked on CPU now, while both GPUs are taken
+        # GPUs, the third, which waits for a GPU, asked on CPU now (its waiting kernel given
+        # up: the server still exits at its next stop)
         for path in ("idle.ipynb", "later.ipynb"):
             code, record = server.request("POST", f"/jupyter-pause/resume/{path}")
             assert code == 202, record
             ready = server.wait_state(path, "ready", "partial", "failed", "paused")
             assert ready["state"] == "ready" and ready["how"] == "files", ready
+        code, record = server.request("POST", "/jupyter-pause/resume/busy.ipynb")
+        assert code == 202, record
+        deadline = time.monotonic() + 60
+        while "Insufficient nvidia.com/gpu" not in (server.session("busy.ipynb")["message"] or ""):
+            assert time.monotonic() < deadline, server.session("busy.ipynb")
+            time.sleep(0.2)
         code, record = server.request(
             "POST", "/jupyter-pause/resume/busy.ipynb", {"accelerators": "none"}
         )
