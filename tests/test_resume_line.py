@@ -107,7 +107,9 @@ async def test_a_rush_on_free_gpus_makes_every_pod_at_once_and_none_waits() -> N
     assert line.paths() == []
 
 
-async def until(done, timeout: float = 5.0) -> None:
+async def until(done, timeout: float = 30.0) -> None:
+    """Until the line reaches the state ``done`` checks: a state, not a speed (run after the
+    cluster tests in one process, a starved event loop took over 5 s here once)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while not done():
         assert asyncio.get_running_loop().time() < deadline, "the line did not settle"
