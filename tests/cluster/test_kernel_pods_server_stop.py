@@ -47,6 +47,18 @@ def watched(server: RemoteServer, path: str) -> None:
         time.sleep(0.1)
 
 
+def resumed_until_refused(server: RemoteServer, path: str) -> dict:
+    """Resume a paused notebook, until the scheduler refused its pod a GPU; its record."""
+    code, record = server.request("POST", f"/jupyter-pause/resume/{path}")
+    assert code == 202, record
+    deadline = time.monotonic() + 60
+    while "Insufficient nvidia.com/gpu" not in (record["message"] or ""):
+        assert time.monotonic() < deadline, record
+        time.sleep(0.2)
+        record = server.session(path)
+    return record
+
+
 def test_a_stopping_server_pauses_each_kernel_pod_and_each_notebook_resumes_once_it_is_back(
     real_chain: RealPlayedCluster, tmp_path: Path
 ) -> None:
@@ -76,13 +88,7 @@ def test_a_stopping_server_pauses_each_kernel_pod_and_each_notebook_resumes_once
         time.sleep(1)  # it counts
         assert len(kernel_pods(chain)) == 2
         # and the paused one resumed: its pod waits for a GPU, both taken
-        code, record = server.request("POST", "/jupyter-pause/resume/later.ipynb")
-        assert code == 202, record
-        deadline = time.monotonic() + 60
-        while "Insufficient nvidia.com/gpu" not in (server.session("later.ipynb")["message"] or ""):
-            assert time.monotonic() < deadline, server.session("later.ipynb")
-            time.sleep(0.2)
-        waiting = server.session("later.ipynb")
+        waiting = resumed_until_refused(server, "later.ipynb")
         assert waiting["state"] == "waiting-for-resources", waiting
         assert waiting["queue_position"] == 1, waiting
         assert len(kernel_pods(chain)) == 3
@@ -121,12 +127,7 @@ def test_a_stopping_server_pauses_each_kernel_pod_and_each_notebook_resumes_once
             assert code == 202, record
             ready = server.wait_state(path, "ready", "partial", "failed", "paused")
             assert ready["state"] == "ready" and ready["how"] == "files", ready
-        code, record = server.request("POST", "/jupyter-pause/resume/busy.ipynb")
-        assert code == 202, record
-        deadline = time.monotonic() + 60
-        while "Insufficient nvidia.com/gpu" not in (server.session("busy.ipynb")["message"] or ""):
-            assert time.monotonic() < deadline, server.session("busy.ipynb")
-            time.sleep(0.2)
+        resumed_until_refused(server, "busy.ipynb")
         code, record = server.request(
             "POST", "/jupyter-pause/resume/busy.ipynb", {"accelerators": "none"}
         )
