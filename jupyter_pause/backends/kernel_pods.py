@@ -51,7 +51,7 @@ from .kernel_pod_provisioner import (
     pod_placement,
 )
 from .kernel_pod_snapshots import KernelPodSnapshots
-from .kernels import running_kernel, start_kernel
+from .kernels import forget_unfinished_start, running_kernel, start_kernel
 from .resume_line import Placement, ResumeLine
 
 log = logging.getLogger(__name__)
@@ -306,23 +306,14 @@ class KernelPodBackend(Backend):
             raise StillPaused(f"the kernel pod could not be started again: {err}") from None
         except asyncio.CancelledError:
             # Cancelled (or withdrawn from the line) while it waited, or just after its kernel
-            # answered. jupyter_client settles the kernel's ``ready`` when a start fails, never
-            # when it is cancelled, and a shutdown of a kernel whose ``ready`` is pending fails
-            # (InvalidStateError: the user's, or the server's own at its stop, which then never
-            # exits). The kernel is paused again, as before the restart: nothing is starting.
-            self._settle_ready(kernel_id)
+            # answered: the kernel is paused again, as before the restart.
+            forget_unfinished_start(self.kernel_manager, kernel_id)
             with contextlib.suppress(Exception):
                 await self._pause_again(kernel_id)
             raise
         finally:
             if provisioner is not None:
                 provisioner.on_placed = None
-
-    def _settle_ready(self, kernel_id: str) -> None:
-        if kernel_id in self.kernel_manager:
-            ready = self.kernel_manager.get_kernel(kernel_id).ready
-            if not ready.done():
-                ready.set_result(None)
 
     async def _pause_again(self, kernel_id: str) -> None:
         """A resume's new pod, whose kernel already answered, goes again and the kernel stays

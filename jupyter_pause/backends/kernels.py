@@ -6,6 +6,7 @@ where the server and its kernels share one pod).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import uuid
@@ -41,20 +42,31 @@ async def start_kernel(
             env=kernel_env(session_manager, session, env),
             kernel_id=kernel_id,
         )
-    except BaseException as err:
-        # jupyter_client keeps a kernel whose start failed or was cancelled (a resume given
-        # up while its kernel pod waited) among its pending kernels for good, and its
-        # shutdown_all at the server's stop then fails on it (jupyter-server: "Kernel does not
-        # exist", a 404): the server would never exit.
-        pending = getattr(kernel_manager, "_pending_kernels", None)
-        if isinstance(pending, dict) and kernel_id not in kernel_manager:
-            pending.pop(kernel_id, None)
-        if not isinstance(err, Exception):
-            raise
-        # no such kernelspec, kernel crashed on start, ...
+    except asyncio.CancelledError:  # a resume given up while its kernel pod waited
+        forget_unfinished_start(kernel_manager, kernel_id)
+        raise
+    except Exception as err:  # no such kernelspec, kernel crashed on start, ...
+        forget_unfinished_start(kernel_manager, kernel_id)
         raise BackendError(f"could not start a {session.kernel_name} kernel: {err}") from err
     await open_session(session_manager, session, kernel_id)
     return kernel_id
+
+
+def forget_unfinished_start(kernel_manager: Any, kernel_id: str) -> None:
+    """What jupyter_client leaves of a start or restart of ``kernel_id`` that failed or was
+    cancelled, and on which any later shutdown of it, or the server's own shutdown_all at its
+    stop, fails (so the server never exits): a kernel it never added stays among its pending
+    kernels for good (jupyter-server: "Kernel does not exist", a 404), and a kernel it has
+    keeps a ``ready`` future that a cancel leaves pending (InvalidStateError). The kernel is
+    as before that start: nothing is starting."""
+    if kernel_id in kernel_manager:
+        ready = kernel_manager.get_kernel(kernel_id).ready
+        if not ready.done():
+            ready.set_result(None)
+        return
+    pending = getattr(kernel_manager, "_pending_kernels", None)
+    if isinstance(pending, dict):
+        pending.pop(kernel_id, None)
 
 
 def kernel_env(session_manager: Any, session: SessionSpec, env: dict[str, str]) -> dict[str, str]:

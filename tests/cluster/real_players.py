@@ -1718,39 +1718,28 @@ class RealPlayedCluster:
         if container is None or known.lock.locked():
             return
         code = container.process.poll()
-        policy = pod["spec"].get("restartPolicy", "Always")
-        if code is not None and (policy == "Never" or (policy == "OnFailure" and code == 0)):
-            known.phase = "ended"  # the sync leaves it be until it is deleted
-            with self.lock:
-                played = self._workspace_of(pod)
-                if played is not None and played.current is container:
-                    played.current = None
-            known.container = None
-            state = {"terminated": {"exitCode": code, "reason": "Completed" if not code else "Error",
-                                    "finishedAt": now_rfc3339()}}  # fmt: skip
-            self._write_pod_status(known, lambda fresh: {
-                "phase": "Succeeded" if not code else "Failed",
-                "conditions": self._kubelet_conditions(fresh, False),
-                "containerStatuses": self._container_status(fresh, known, state, False)})  # fmt: skip
-            return
         if code is not None:  # ended by itself: it was not stopped
-            known.restarts += 1
-            known.phase = "backoff"
-            known.retry_at = time.monotonic() + min(300.0, 10.0 * 2 ** (known.restarts - 1))
             with self.lock:
                 played = self._workspace_of(pod)
                 if played is not None and played.current is container:
                     played.current = None
             known.container = None
-            self._event(known, "Warning", "BackOff", "Back-off restarting failed container")
-            state = {
-                "waiting": {
-                    "reason": "CrashLoopBackOff",
-                    "message": f"back-off restarting failed container (exit {code})",
-                }
-            }
+            policy = pod["spec"].get("restartPolicy", "Always")
+            if policy == "Never" or (policy == "OnFailure" and code == 0):
+                known.phase = "ended"  # the sync leaves it be until it is deleted
+                phase = "Succeeded" if not code else "Failed"
+                state = {"terminated": {"exitCode": code, "finishedAt": now_rfc3339(),
+                                        "reason": "Completed" if not code else "Error"}}  # fmt: skip
+            else:
+                known.restarts += 1
+                known.phase = "backoff"
+                known.retry_at = time.monotonic() + min(300.0, 10.0 * 2 ** (known.restarts - 1))
+                self._event(known, "Warning", "BackOff", "Back-off restarting failed container")
+                phase = "Running"
+                state = {"waiting": {"reason": "CrashLoopBackOff",
+                                     "message": f"back-off restarting failed container (exit {code})"}}  # fmt: skip
             self._write_pod_status(known, lambda fresh: {
-                "phase": "Running", "conditions": self._kubelet_conditions(fresh, False),
+                "phase": phase, "conditions": self._kubelet_conditions(fresh, False),
                 "containerStatuses": self._container_status(fresh, known, state, False)})  # fmt: skip
             return
         wanted = self._kubelet_conditions(pod, True)

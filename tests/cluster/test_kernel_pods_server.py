@@ -144,12 +144,17 @@ async def a_resume_waiting_for_the_gpu(server: Server, kernel_pods: KernelPods) 
     once the resume says the scheduler's reason."""
     kernel_id, _ = await a_paused_gpu_notebook(server, kernel_pods)
     await other_team_holds_the_gpu(kernel_pods)
+    await resumed_until_refused(server)
+    return kernel_id
+
+
+async def resumed_until_refused(server: Server) -> dict[str, Any]:
+    """Resume the paused notebook, until the scheduler refused its pod a GPU; its record."""
     code, _ = await server.call("POST", "resume", NOTEBOOK)
     assert code == 202
-    await server.wait_for(
+    return await server.wait_for(
         NOTEBOOK, lambda r: "Insufficient nvidia.com/gpu" in (r["message"] or ""), timeout=60
     )
-    return kernel_id
 
 
 async def test_a_pause_frees_the_gpu_and_a_resume_brings_the_same_kernel_back_from_files(
@@ -515,11 +520,7 @@ async def test_a_kernel_pod_shut_down_hands_its_gpu_to_the_first_in_line_at_once
     kernel_id, _ = await a_paused_gpu_notebook(server, kernel_pods)
     other = await open_gpu_notebook(server, "other.ipynb")
     # and the paused one's resume waiting, its pod refused by the scheduler
-    code, _ = await server.call("POST", "resume", NOTEBOOK)
-    assert code == 202
-    waiting = await server.wait_for(
-        NOTEBOOK, lambda r: "Insufficient nvidia.com/gpu" in (r["message"] or "")
-    )
+    waiting = await resumed_until_refused(server)
     assert waiting["state"] == "waiting-for-resources", waiting
     (refused,) = [
         p for p in kernel_pods.kernel_pods() if p["metadata"]["labels"]["kernel_id"] == kernel_id
