@@ -46,6 +46,9 @@ class Policy:
     save_unmarked: str = "all"
     direct_io: bool = True
     snapshots_keep_last: int = 1  # pod snapshots kept per workspace, the pinned one first
+    #: A pause asked outside jupyter_pause that the platform holds for its snapshot: how long
+    #: the checkpoints written meanwhile may keep the platform's snapshot waiting (seconds).
+    outside_hold_seconds: float = 600.0
     kernelspec_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def for_kernelspec(self, name: str) -> KernelPolicy:

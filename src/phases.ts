@@ -273,6 +273,20 @@ function modeOf(data: Record<string, any>): string {
   return data.mode ? ` (${MODES[data.mode] ?? data.mode})` : '';
 }
 
+/**
+ * How a pause asked outside jupyter_pause went in the platform's hold: its
+ * checkpoints written before the snapshot, or not (they took too long).
+ */
+function heldFor(data: Record<string, any>): string {
+  if (data.checkpoints_first === undefined) {
+    return '';
+  }
+  const seconds = Number(data.checkpoint_seconds ?? 0).toFixed(1);
+  return data.checkpoints_first
+    ? `; checkpoints written first, in the platform's hold (${seconds} s)`
+    : `; before the checkpoints were complete (${seconds} s were not enough)`;
+}
+
 function minutes(seconds: number): string {
   return seconds >= 3600
     ? `${(seconds / 3600).toFixed(1)} h`
@@ -322,6 +336,10 @@ export function describeEvent(event: ITimelineEvent): string {
         ? `GPU ${list(names(data.gpus))} granted`
         : 'Resources granted';
     case 'state_restored': {
+      if (data.how === 'live' && data.unseen) {
+        // the platform paused and restored the pod faster than the server saw
+        return 'Live session restored by the platform, unseen: nothing was checkpointed before its pause';
+      }
       if (data.how === 'live') {
         return data.token_matched
           ? 'Live session restored (the process that paused)'
@@ -343,9 +361,14 @@ export function describeEvent(event: ITimelineEvent): string {
     case 'first_cell_executed':
       return 'First cell run after the resume';
     case 'snapshot_taken':
-      return `Pod snapshot ${data.name ?? ''} taken` + modeOf(data);
+      return (
+        `Pod snapshot ${data.name ?? ''} taken` + modeOf(data) + heldFor(data)
+      );
     case 'snapshot_missing':
-      return `No pod snapshot${modeOf(data)}: ${data.why ?? 'unknown'}`;
+      return (
+        `No pod snapshot${modeOf(data)}: ${data.why ?? 'unknown'}` +
+        heldFor(data)
+      );
     case 'checkpoint_restored':
       return `Checkpoint ${data.checkpoint_id ?? ''} restored in the notebook`;
     case 'unrestored_kernel_stopped':

@@ -42,8 +42,9 @@ def pause_store(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def jp_server_config(pause_store: Path) -> dict:
-    return pause_server_config(pause_store)
+def jp_server_config(pause_store: Path, request: pytest.FixtureRequest) -> dict:
+    """The test server's config; a test parametrizes it indirectly with PauseApp settings."""
+    return pause_server_config(pause_store, **getattr(request, "param", {}))
 
 
 @pytest.fixture

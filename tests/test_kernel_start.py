@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from jupyter_pause.server.kernel_bridge import ACTIVITY_SETTLE_SECONDS
 
 from .kernels import KernelFactory
@@ -115,3 +117,86 @@ async def test_the_servers_own_kernel_requests_are_not_activity(server: Server) 
     # But the user's next cell is activity
     await server.run(kernel_id, "data.append(1)")
     assert kernel.last_activity > kernel_before
+
+
+async def _activity_clocks(server: Server, kernel_ids: list[str]) -> tuple[str, ...]:
+    """What cullers read: the server's last activity and each kernel's (jupyter-server's own
+    ``/api/kernels`` answer, asked without counting as activity itself)."""
+    clocks = [await _last_activity(server)]
+    for kernel_id in kernel_ids:
+        response = await server.fetch("api", "kernels", kernel_id, params={"no_track_activity": 1})
+        clocks.append(json.loads(response.body)["last_activity"])
+    return tuple(clocks)
+
+
+@pytest.mark.parametrize("jp_server_config", [{"monitor_interval_seconds": 0.2}], indirect=True)
+async def test_nothing_the_extension_does_by_itself_moves_any_activity_a_culler_reads(
+    server: Server,
+) -> None:
+    # Given a server whose monitor looks at its notebooks every 0.2 s, two idle notebooks, one
+    # with a checkpoint schedule, and the clocks every culler reads
+    await server.start_extension()
+    kernels = [await server.open_notebook(path) for path in ("a.ipynb", "b.ipynb")]
+    await server.run(kernels[0], "weights = list(range(1000))\n%checkpoint every 1s")
+    await server.run(kernels[1], "notes = 'idle'")
+    for path in ("a.ipynb", "b.ipynb"):
+        await _settled(server, path)
+    before = await _activity_clocks(server, kernels)
+
+    # When the server works by itself for many monitor intervals: it checkpoints both idle
+    # kernels before jupyter-server's culler would (at 80 % of its timeout), reads their state,
+    # asks each kernel who it is on its control channel, and a tab polls every read endpoint
+    server.orchestrator.cull_idle_seconds = 2.0
+    bridge = server.orchestrator.bridge
+    seen = set()
+    deadline = asyncio.get_running_loop().time() + 6.0
+    while asyncio.get_running_loop().time() < deadline:
+        for parts in (("sessions",), ("checkpoints", "a.ipynb"), ("timeline", "b.ipynb")):
+            await server.call("GET", *parts)
+        await bridge.control(kernels[1], "identify")
+        seen.add(await _activity_clocks(server, kernels))
+        await asyncio.sleep(0.1)
+    for path in ("a.ipynb", "b.ipynb"):
+        _, listing = await server.call("GET", "checkpoints", path)
+        assert "before-cull" in [c["reason"] for c in listing["checkpoints"]], listing
+
+    # Then no culler's clock moved, not even for a moment (sampled every 0.1 s)
+    assert seen == {before}, (before, seen)
+
+    # But the user's next cell moves the server's clock and that kernel's, and only its
+    await server.run(kernels[1], "notes += '!'")
+    after = await _activity_clocks(server, kernels)
+    assert after[0] > before[0] and after[2] > before[2] and after[1] == before[1]
+
+
+@pytest.mark.parametrize("jp_server_config", [{"load_in_kernels": False}], indirect=True)
+async def test_a_kernel_without_the_extension_is_asked_the_old_way_once_then_quietly(
+    server: Server,
+) -> None:
+    # Given a kernel that did not load jupyter_pause at its start (the admin turned it off)
+    kernel_id = await server.open_notebook("late.ipynb")
+    await server.run(kernel_id, "x = 1")
+    bridge = server.orchestrator.bridge
+    undefined = await server.run(
+        kernel_id, "print(callable(get_ipython().find_line_magic('checkpoint')))"
+    )
+    assert undefined.strip() == "False"
+
+    # When the server asks it something: the first request loads the extension (a silent
+    # execute request, the only way into a kernel without it)
+    first = await bridge.call(kernel_id, "hello", timeout=60)
+    assert first["ok"]
+    loaded = await server.run(
+        kernel_id, "print(callable(get_ipython().find_line_magic('checkpoint')))"
+    )
+    assert loaded.strip() == "True"
+    await _settled(server, "late.ipynb")
+    kernel = server.app.kernel_manager.get_kernel(kernel_id)
+    quiet = kernel.last_activity
+
+    # Then the next requests take the kernel's own handler: not activity, at no moment
+    for _ in range(3):
+        answer = await bridge.call(kernel_id, "hello", timeout=60)
+        assert answer["ok"] and answer["token"] == first["token"]
+        await asyncio.sleep(0.2)
+        assert kernel.last_activity == quiet

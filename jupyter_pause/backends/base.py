@@ -13,7 +13,9 @@ ends for good. ``describe_resources`` feeds the status API and the metrics.
 An ``EnvironmentBackend`` pauses a whole environment instead (a workspace pod: the server and
 every kernel in it): the orchestrator checkpoints every kernel, then the backend snapshots the
 environment where the platform can (``snapshot_environment``) and stops it
-(``stop_environment``). Whether the process that comes back is the one that paused (a live
+(``stop_environment``). The platform may pause it by itself too (a dashboard, a culler): the
+backend tells of it (``watch_platform``), and the orchestrator saves every kernel before the
+platform's snapshot where the platform holds the pause for one. Whether the process that comes back is the one that paused (a live
 restore) or a new one (a cold start, restored from the checkpoints) is proven on return from
 ``pod_facts`` and the in-memory tokens, never assumed.
 """
@@ -21,7 +23,7 @@ restore) or a new one (a cold start, restored from the checkpoints) is proven on
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -186,12 +188,43 @@ class SnapshotInfo:
 PhaseCallback = Callable[[str], None]  # a line saying what the pause waits for now
 
 
+@dataclass(frozen=True)
+class PlatformPause:
+    """A pause of the whole environment that the platform carries out."""
+
+    #: The platform holds it while it snapshots the environment (the GKE Workspaces add-on:
+    #: the pod runs on until its snapshot is taken); else the environment is being stopped.
+    held: bool
+    #: When it was asked, as Unix time (the platform's word for it where it says).
+    asked_at: float
+
+
 class EnvironmentBackend(Backend):
     """A backend whose pause stops the whole environment: the server and every kernel."""
 
     @abc.abstractmethod
-    async def snapshot_environment(self, on_phase: PhaseCallback) -> SnapshotOutcome:
-        """Snapshot the environment's memory where the platform can; never raises for that."""
+    async def snapshot_environment(
+        self, on_phase: PhaseCallback, ask: bool = True, paused_in: str = ""
+    ) -> SnapshotOutcome:
+        """Snapshot the environment's memory where the platform can; never raises for that.
+        ``ask`` False: the platform asked for this pause itself (``watch_platform``): follow
+        the snapshot it takes, if it takes one, without asking again. ``paused_in``: the
+        environment the pause began in (an outcome ``resumed_from_snapshot`` once this
+        process runs in another)."""
+
+    async def watch_platform(
+        self,
+        on_pause: Callable[[PlatformPause], Awaitable[None]],
+        on_moved: Callable[[EnvironmentFacts], Awaitable[None]],
+    ) -> None:
+        """Start telling ``on_pause`` of each pause the platform begins (this server's own
+        pauses among them), and ``on_moved`` when this process runs in a new environment
+        without a pause of this server: thawed from a snapshot it did not see coming."""
+
+    async def hold_platform_pause(self) -> bool:
+        """Keep a pause the platform holds from going on for a moment longer (the checkpoints
+        are still being written); False when there is nothing (left) to hold."""
+        return False
 
     async def pause_mode(self) -> tuple[str, str]:
         """(mode, why) of the snapshot a pause would take now; ("", "") for a backend with one

@@ -15,6 +15,14 @@ A snapshot that fails (or never comes): the add-on would hold the pause back for
 pause goes through without one (``checkpoint-state: Ready`` with no checkpoint named, which
 the add-on's webhook lets through and its reconciler cleans up after the next start), the
 next pod starts cold, and the resume restores the checkpoints and says why.
+
+A pause asked outside jupyter_pause (the dashboard, kubectl, a culler) is held by the add-on
+all the same: the server checkpoints every kernel in the hold, and ``hold`` keeps the add-on
+from asking GKE for the snapshot until the checkpoints are written. The add-on waits its
+settle grace (``--settle-grace-period``, 3 s by default) from ``checkpoint-started-at``
+before it creates its trigger; ``hold`` moves that stamp to now while the trigger does not
+exist yet, once a second (so the add-on's grace must be over 1 s: its default is). Then
+``snapshot(ask=False)`` follows the add-on to the outcome as for our own pause.
 """
 
 from __future__ import annotations
@@ -47,17 +55,21 @@ class AddonMode(SnapshotMode):
     name = GKE_WORKSPACES
     followed: str | None = None  # the add-on's PodSnapshot, once its trigger named it
 
-    async def snapshot(self, on_phase: PhaseCallback) -> SnapshotOutcome:
+    async def snapshot(self, on_phase: PhaseCallback, ask: bool = True) -> SnapshotOutcome:
         target = self.target
         started = time.monotonic()
         deadline = started + target.timeout_seconds
-        on_phase("Pod snapshot: asking the GKE Workspaces add-on (spec.paused: true)")
-        try:
-            await target.patch_workspace({"spec": {"paused": True}})
-        except KubeError as err:
-            return SnapshotOutcome(None, f"the pause could not be asked for: {err}")
+        if ask:
+            on_phase("Pod snapshot: asking the GKE Workspaces add-on (spec.paused: true)")
+            try:
+                await target.patch_workspace({"spec": {"paused": True}})
+            except KubeError as err:
+                return SnapshotOutcome(None, f"the pause could not be asked for: {err}")
+        else:  # asked already (a pause from outside): asking again would restart its hold
+            on_phase("Pod snapshot: the GKE Workspaces add-on takes it")
         problem = f"the add-on made no snapshot in {target.timeout_seconds:.0f} s"
         self.followed = None
+        ran = (time.time(), time.monotonic())  # the last look: the pod ran until then
         while time.monotonic() < deadline:
             waited = time.monotonic() - started
             try:
@@ -66,15 +78,16 @@ class AddonMode(SnapshotMode):
                     # The add-on's policy stops the pod right after its snapshot: this process
                     # was frozen in this loop and runs again in the pod restored from it (the
                     # add-on pinned the snapshot on that pod; frozen before the trigger named
-                    # it, this loop may not know it otherwise).
+                    # it, this loop may not know it otherwise). It stopped after its last look.
                     pin = ((restored_in.get("metadata") or {}).get("annotations") or {}).get(
                         PIN_ANNOTATION
                     )
                     return SnapshotOutcome(
                         pin or self.followed,
                         None,
-                        seconds=time.monotonic() - started,
+                        seconds=ran[1] - started,
                         resumed_from_snapshot=True,
+                        details={"stopped_at": ran[0]},
                     )
                 workspace = await target.read_workspace()
                 annotations = (workspace.get("metadata") or {}).get("annotations") or {}
@@ -95,9 +108,44 @@ class AddonMode(SnapshotMode):
             if failure:
                 problem = failure
                 break
+            ran = (time.time(), time.monotonic())
             await asyncio.sleep(target.poll_seconds)
         await self._pause_without_snapshot()
         return SnapshotOutcome(None, problem, seconds=time.monotonic() - started)
+
+    async def hold(self) -> bool:
+        """Keep the add-on from asking GKE for the snapshot a moment longer (its settle grace
+        runs from ``checkpoint-started-at``: moved to now). False once there is nothing left to
+        hold: the pause is no longer held, or the add-on has asked (its trigger exists)."""
+        target = self.target
+        workspace = await target.read_workspace()
+        metadata = workspace.get("metadata") or {}
+        held = (metadata.get("annotations") or {}).get(CHECKPOINT_STATE) == CHECKPOINTING
+        if not held or (workspace.get("spec") or {}).get("paused"):
+            return False
+        trigger = addon_trigger(target.workspace)
+        try:
+            await asyncio.to_thread(target.kube.get_trigger, target.namespace, trigger)
+            return False
+        except KubeError as err:
+            if err.status != 404:
+                raise
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        # On the Workspace as read: changed meanwhile (409), it is looked at again next time.
+        version = metadata.get("resourceVersion")
+        try:
+            await target.patch_workspace(
+                {
+                    "metadata": {
+                        "resourceVersion": version,
+                        "annotations": {CHECKPOINT_STARTED_AT: stamp},
+                    }
+                }
+            )
+        except KubeError as err:
+            if err.status != 409:
+                raise
+        return True
 
     async def _restored_elsewhere(self) -> dict[str, Any] | None:
         """The pod this process now runs in, when it is another than the one that paused."""

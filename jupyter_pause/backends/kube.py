@@ -19,7 +19,7 @@ import datetime
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -303,6 +303,43 @@ class Kube:
             body=patch,
             _content_type="application/merge-patch+json",
         )
+
+    def watch_workspace(
+        self, namespace: str, name: str, seconds: int
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """A Workspace's changes, as ``(event type, object)``, for up to ``seconds`` (the API
+        server then ends the watch): its state now first (``ADDED``), then each change. A
+        watch by name, so RBAC's ``watch`` on that one Workspace (``resourceNames``) is enough.
+        Blocks between events: run it on a thread of its own."""
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        stream = watch.Watch().stream(
+            self.custom.list_namespaced_custom_object,
+            WORKSPACES.group,
+            WORKSPACES.version,
+            namespace,
+            WORKSPACES.plural,
+            field_selector=f"metadata.name={name}",
+            timeout_seconds=seconds,
+            deserialize=False,
+            _request_timeout=(TIMEOUT[0], seconds + TIMEOUT[1]),
+        )
+        try:
+            for event in stream:
+                yield event.get("type", ""), event.get("object") or {}
+        except ApiException as err:
+            if err.status == 401 and self.reload_token is not None:
+                self.reload_token()  # a pod restored from a snapshot has a new token file
+            raise _explain(err, "watch", WORKSPACES, namespace, name) from None
+        except (HTTPError, OSError) as err:
+            raise KubeError(
+                f"the Kubernetes API server at {self.where} cannot be reached ({err})",
+                "unreachable",
+            ) from None
+        finally:
+            stream.close()
 
     def list_policies(self, namespace: str) -> list[dict[str, Any]]:
         return self._custom("list", POLICIES, namespace).get("items") or []

@@ -48,7 +48,11 @@ class OwnPolicyMode(SnapshotMode):
         return (self.choice.policy or {}).get("metadata", {}).get("name", "")
 
     # -- taking a snapshot -------------------------------------------------------------------------
-    async def snapshot(self, on_phase: PhaseCallback) -> SnapshotOutcome:
+    async def snapshot(self, on_phase: PhaseCallback, ask: bool = True) -> SnapshotOutcome:
+        if not ask:
+            return SnapshotOutcome(
+                None, "the pause was asked outside jupyter_pause while the pod was being stopped"
+            )
         kind = (((self.choice.policy or {}).get("spec") or {}).get("triggerConfig") or {}).get(
             "type"
         )

@@ -10,6 +10,11 @@ pause, and named in the status, the chip and the timeline.
 Back in a new pod, ``environment_facts`` tells whether the platform restored it from the
 snapshot (the pod's ``PodRestored`` condition); the orchestrator adds the proof only the
 process itself has (its in-memory token) before it calls anything "live".
+
+The platform pauses the Workspace by itself too (the dashboard, kubectl, a culler):
+``watch_platform`` follows the Workspace (``workspace_watch``) and tells the orchestrator. Any
+pause may freeze this process and thaw it in another pod, so nothing read of the pod is kept
+across one: each pause reads the pod again.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +36,7 @@ from .base import (
     EnvironmentBackend,
     EnvironmentFacts,
     PhaseCallback,
+    PlatformPause,
     QueueCallback,
     ResourceStatus,
     RestoreOutcome,
@@ -60,6 +68,9 @@ from .workspace_modes import (
     WorkspacePod,
     detect_mode,
 )
+from .workspace_watch import WorkspaceWatch
+
+log = logging.getLogger(__name__)
 
 #: The pod condition GKE sets on a pod it restored from a snapshot.
 RESTORED_CONDITION = "PodRestored"
@@ -119,6 +130,7 @@ class WorkspaceBackend(EnvironmentBackend):
         # How a pause snapshots this pod (detected at start, again at each pause).
         self.mode = ModeChoice(NO_SNAPSHOTS, NOT_DETECTED)
         self._pausing: SnapshotMode | None = None  # the mode of the pause in flight
+        self.watch: WorkspaceWatch | None = None  # what the platform does by itself
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -157,6 +169,8 @@ class WorkspaceBackend(EnvironmentBackend):
             )
 
     async def close(self) -> None:
+        if self.watch is not None:
+            await self.watch.close()
         if self._connecting is not None and not self._connecting.done():
             with contextlib.suppress(Exception):
                 await self._connecting
@@ -210,6 +224,7 @@ class WorkspaceBackend(EnvironmentBackend):
                 "problem": self.problem,
                 "mode": self.mode.name,
                 "mode_reason": self.mode.why,
+                "watch_problem": None if self.watch is None else self.watch.problem,
             },
         )
 
@@ -226,8 +241,12 @@ class WorkspaceBackend(EnvironmentBackend):
         )
 
     async def snapshot_mode(self) -> SnapshotMode:
-        """The mode a pause takes now (detected afresh: a policy may have been added)."""
+        """The mode a pause takes now, for the pod as it is now (both read afresh: a policy may
+        have been added, and this process may have been frozen and thawed in another pod)."""
         kube = await self.connected()
+        self.pod = await asyncio.to_thread(
+            kube.get_pod, self.settings.namespace, self.settings.pod_name
+        )
         target = self._target(kube)
         self.mode = await asyncio.to_thread(detect_mode, target, self.settings.snapshots)
         if self.mode.name == GKE_WORKSPACES:
@@ -243,22 +262,85 @@ class WorkspaceBackend(EnvironmentBackend):
             return NO_SNAPSHOTS, str(err)
         return mode.name, mode.choice.why
 
-    async def snapshot_environment(self, on_phase: PhaseCallback) -> SnapshotOutcome:
+    async def snapshot_environment(
+        self, on_phase: PhaseCallback, ask: bool = True, paused_in: str = ""
+    ) -> SnapshotOutcome:
         try:
             mode = await self.snapshot_mode()
         except BackendError as err:
             return SnapshotOutcome(None, f"no pod snapshot: {err}", mode=NO_SNAPSHOTS)
         self._pausing = mode
-        outcome = await mode.snapshot(on_phase)
+        if paused_in and mode.target.instance != paused_in:
+            # Frozen and thawed in another pod before the snapshot was followed (a pause from
+            # outside whose checkpoints took longer than the hold): the pod pins the snapshot
+            # it was restored from, and that snapshot says when the old pod stopped.
+            pin = facts_of(mode.target.pod).pinned_snapshot
+            return SnapshotOutcome(
+                pin,
+                None,
+                resumed_from_snapshot=True,
+                mode=mode.name,
+                mode_reason=mode.choice.why,
+                details={"stopped_at": await self._taken_at(pin)},
+            )
+        outcome = await mode.snapshot(on_phase, ask)
         outcome.mode, outcome.mode_reason = mode.name, mode.choice.why
         if outcome.name is not None and not outcome.resumed_from_snapshot:
             # Here since the snapshot: still the pod that paused, or already a restored one?
             try:
                 facts = await self.environment_facts()
-                outcome.resumed_from_snapshot = facts.instance != self.instance
+                outcome.resumed_from_snapshot = facts.instance != mode.target.instance
             except BackendError:
                 pass
         return outcome
+
+    async def _taken_at(self, snapshot: str | None) -> float | None:
+        """When a PodSnapshot was taken (its creation), or None where it cannot be read."""
+        if not snapshot:
+            return None
+        try:
+            found = await asyncio.to_thread(
+                self._api().get_snapshot, self.settings.namespace, snapshot
+            )
+        except BackendError:
+            return None
+        return epoch((found.get("metadata") or {}).get("creationTimestamp"))
+
+    async def watch_platform(
+        self,
+        on_pause: Callable[[PlatformPause], Awaitable[None]],
+        on_moved: Callable[[EnvironmentFacts], Awaitable[None]],
+    ) -> None:
+        try:
+            kube = await self.connected()
+        except BackendError:
+            return  # the status says why; nothing can be watched
+        if not self.workspace or self.watch is not None:
+            return
+
+        async def moved(pod: dict[str, Any]) -> None:
+            await on_moved(facts_of(pod))
+
+        self.watch = WorkspaceWatch(
+            kube,
+            self.settings.namespace,
+            self.workspace,
+            self.settings.pod_name,
+            self.instance,
+            on_pause,
+            moved,
+            self.settings.poll_seconds,
+        )
+        self.watch.start()
+
+    async def hold_platform_pause(self) -> bool:
+        if self.mode.name != GKE_WORKSPACES:
+            return False  # only the add-on holds a pause for a snapshot
+        try:
+            return await AddonMode(self._target(await self.connected()), self.mode).hold()
+        except BackendError as err:
+            log.info("jupyter_pause: holding the add-on's pause: %s", err)
+            return True  # the API may be away a moment: try again at the next tick
 
     async def stop_environment(self, state: dict[str, Any]) -> None:
         await self.connected()

@@ -139,8 +139,10 @@ class SnapshotMode(abc.ABC):
         self.choice = choice
 
     @abc.abstractmethod
-    async def snapshot(self, on_phase: PhaseCallback) -> SnapshotOutcome:
-        """Snapshot the pod where this mode can; the outcome names it, or says why not."""
+    async def snapshot(self, on_phase: PhaseCallback, ask: bool = True) -> SnapshotOutcome:
+        """Snapshot the pod where this mode can; the outcome names it, or says why not.
+        ``ask`` False: the platform asked for this pause itself (outside jupyter_pause), and
+        only a mode whose snapshots the platform takes by itself has one to follow."""
 
     @abc.abstractmethod
     async def pause(self, state: dict[str, Any], outcome: SnapshotOutcome) -> None:
@@ -160,7 +162,7 @@ class NoSnapshots(SnapshotMode):
 
     name = NO_SNAPSHOTS
 
-    async def snapshot(self, on_phase: PhaseCallback) -> SnapshotOutcome:
+    async def snapshot(self, on_phase: PhaseCallback, ask: bool = True) -> SnapshotOutcome:
         return SnapshotOutcome(None, self.choice.why)
 
     async def pause(self, state: dict[str, Any], outcome: SnapshotOutcome) -> None:

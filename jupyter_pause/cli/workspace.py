@@ -22,7 +22,11 @@ whose last warning event the controller still shows (none of its containers stuc
 
 ``resume`` unpauses the Workspace (unless it already is: a second resume joins the first)
 and follows the pod until the server in it reports the restore of every notebook; it stops at
-once on ``error``, naming it (exit 1).
+once on ``error``, naming it (exit 1). A pause still in flight (``pausing``: the GKE Workspaces
+add-on holding it while it snapshots the pod, or the pod being stopped) is waited for first.
+
+Every state of a pause answers, whoever asked for it: the server's own record is read for the
+pod it names only (a ``paused`` record of the pod that runs is a pause in flight).
 """
 
 from __future__ import annotations
@@ -33,7 +37,13 @@ import sys
 import time
 from typing import Any
 
-from ..backends.gke_workspaces import CHECKPOINT_STATE, LAST_CHECKPOINT, READY
+from ..backends.gke_workspaces import (
+    CHECKPOINT_STARTED_AT,
+    CHECKPOINT_STATE,
+    CHECKPOINTING,
+    LAST_CHECKPOINT,
+    READY,
+)
 from ..backends.kube import STATE_ANNOTATION, WORKSPACE_LABEL, Kube, KubeError, condition, epoch
 from ..backends.workspace import facts_of
 from ..formatting import format_bytes, format_duration
@@ -130,6 +140,12 @@ def view(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
             if taken:
                 recorded = {**recorded, "snapshot": f"{taken} (by the GKE Workspaces add-on)"}
         return {**record, "state": "paused", "message": paused_message(recorded)}
+    uid = ((pod or {}).get("metadata") or {}).get("uid")
+    ours = recorded.get("state") == "paused" and uid and recorded.get("instance") == uid
+    if annotations.get(CHECKPOINT_STATE) == CHECKPOINTING or ours:
+        # Asked, not done: the add-on holds spec.paused back while it snapshots the pod (our
+        # server wrote its record of this pod's pause first, or has yet to).
+        return {**record, "state": "pausing", "message": pausing_message(annotations, recorded)}
     phase = ((pod or {}).get("status") or {}).get("phase")
     scheduled = (condition(pod, "PodScheduled") if pod else None) or {}
     # Before the Workspace's Error: the Notebooks controller calls a pod the scheduler cannot
@@ -158,6 +174,8 @@ def view(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
         )
         return {**record, "state": "restoring", "message": message + "."}
     state = recorded.get("state") or "restoring"
+    if state not in ("restoring", *DONE):  # the record of an older pause of an older pod
+        return {**record, "state": "running", "message": "Running; no restore is recorded."}
     return {**record, "state": state, "message": restored_message(recorded)}
 
 
@@ -186,11 +204,26 @@ def error_message(status: dict[str, Any], pod: dict[str, Any] | None) -> str:
     return ""
 
 
+def pausing_message(annotations: dict[str, str], recorded: dict[str, Any]) -> str:
+    """A pause asked and not done yet: who holds it, since when, what was saved so far."""
+    text = "Pausing"
+    if annotations.get(CHECKPOINT_STATE) == CHECKPOINTING:
+        since = epoch(annotations.get(CHECKPOINT_STARTED_AT))
+        text = "The GKE Workspaces add-on holds the pause while it takes a pod snapshot" + (
+            f" (since {format_time(since)})" if since else ""
+        )
+    if recorded.get("state") == "paused":
+        text += f"; {format_bytes(recorded.get('bytes') or 0)} saved by jupyter_pause"
+    return text + "."
+
+
 def paused_message(recorded: dict[str, Any]) -> str:
     if recorded.get("state") != "paused":
         return "Paused (not by jupyter_pause: nothing is recorded about it)."
     snapshot = recorded.get("snapshot")
-    origin = "by the platform (SIGTERM)" if recorded.get("origin") == "platform" else ""
+    origin = {"platform": "by the platform (SIGTERM)", "outside": "from outside jupyter_pause"}.get(
+        recorded.get("origin") or "", ""
+    )
     detail = (
         f"pod snapshot {snapshot}"
         if snapshot
@@ -270,7 +303,13 @@ def run(args: argparse.Namespace) -> int:
 
 def resume(kube: Kube, namespace: str, name: str, args: argparse.Namespace) -> int:
     started = time.monotonic()
+    deadline = None if args.timeout is None else started + args.timeout
+    follower = Follower()
     record = view(kube, namespace, name)
+    while record["state"] == "pausing":  # a pause in flight: resumed once it is done
+        follower.show(record)
+        wait_or_give_up(record, deadline, args)
+        record = view(kube, namespace, name)
     if record["paused"]:
         kube.patch_workspace(namespace, name, {"spec": {"paused": False}})
     elif record["state"] == "error":
@@ -282,8 +321,6 @@ def resume(kube: Kube, namespace: str, name: str, args: argparse.Namespace) -> i
             print_json(record)
         return EXIT_OK if record["state"] in ("ready", "running") else EXIT_FAILED
     # else: a resume is in flight (someone else's): join it
-    follower = Follower()
-    deadline = None if args.timeout is None else started + args.timeout
     while True:
         record = view(kube, namespace, name)
         follower.show(record)
@@ -291,19 +328,26 @@ def resume(kube: Kube, namespace: str, name: str, args: argparse.Namespace) -> i
             break
         if record["state"] == "error":  # no waiting ends it: say so now, not at the timeout
             return stuck(record, args)
-        if deadline is not None and time.monotonic() > deadline:
-            raise CliError(
-                f"Timed out after {args.timeout:g} s: {record['workspace']} is "
-                f"{record['state']} ({record['message']}); it carries on",
-                EXIT_TIMEOUT,
-            )
-        time.sleep(POLL_SECONDS)
+        wait_or_give_up(record, deadline, args)
     if args.json:
         print_json(record)
     else:
         took = format_duration(time.monotonic() - started)
         print(f"Resumed {record['workspace']} in {took}: {record['message']}")
     return EXIT_OK if record["state"] == "ready" else EXIT_FAILED
+
+
+def wait_or_give_up(
+    record: dict[str, Any], deadline: float | None, args: argparse.Namespace
+) -> None:
+    """Sleep until the next look, or end the command past ``--timeout`` (it carries on)."""
+    if deadline is not None and time.monotonic() > deadline:
+        raise CliError(
+            f"Timed out after {args.timeout:g} s: {record['workspace']} is "
+            f"{record['state']} ({record['message']}); it carries on",
+            EXIT_TIMEOUT,
+        )
+    time.sleep(POLL_SECONDS)
 
 
 def stuck(record: dict[str, Any], args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from . import api, control, server_link
+from . import api, control, server_calls, server_link
 from .magics import CheckpointMagics
 from .schedule import Scheduler
 from .session import Baseline
@@ -40,7 +40,9 @@ def load(shell: Any) -> api.Checkpointer:
     checkpointer.on_checkpoint.append(_announce_to_server)
     checkpointer.on_restore.append(_announce_restore_to_server)
     shell.configurables.append(checkpointer)  # so `%config Checkpointer.keep_last = 10` works
-    # Control requests are answered even while a cell runs (the criu backend pauses those).
+    # The server's requests: on the shell channel, and on the control channel (answered even
+    # while a cell runs: the criu backend pauses those).
+    server_calls.install(getattr(shell, "kernel", None))
     control.install(getattr(shell, "kernel", None))
     setattr(shell, _ATTR, checkpointer)
     api.set_current(checkpointer)
@@ -59,6 +61,7 @@ def unload(shell: Any) -> None:
     shell.magics_manager.registry.pop("CheckpointMagics", None)
     with contextlib.suppress(ValueError):
         shell.configurables.remove(checkpointer)
+    server_calls.uninstall(getattr(shell, "kernel", None))
     control.uninstall(getattr(shell, "kernel", None))
     delattr(shell, _ATTR)
     api.set_current(None)

@@ -1,9 +1,16 @@
 """What the jupyter_pause server asks of a kernel, over the kernel's own channels.
 
-The server evaluates ``call(op, args_json)`` as a *user expression* of a silent execute
-request: nothing lands in the notebook's history or outputs, and it works with no browser
-open. Every answer is a JSON string; failures are answers too (``{"ok": false, "error": ...}``),
-so the server never has to parse a traceback.
+A request is a shell message of our own type (``CALL_MSG_TYPE``, content ``{op, args}``),
+answered by the handler ``install`` puts in ipykernel's ``shell_handlers`` when the extension
+loads: it queues behind a running cell like any shell request, lands in no history or output,
+and works with no browser open. jupyter-server counts every execute request a kernel serves
+as the user's activity (what its culler and the Hub's and Kubeflow's cullers read), so the
+server's own requests are of a type it tells jupyter-server not to count.
+
+A kernel without the handler yet (the extension not loaded: ``load_in_kernels`` off) is asked
+once the old way: ``call(op, args_json)`` as a *user expression* of a silent execute request,
+which loads the extension and so the handler. Every answer is JSON; failures are answers too
+(``{"ok": false, "error": ...}``), so the server never has to parse a traceback.
 """
 
 from __future__ import annotations
@@ -18,8 +25,40 @@ from .files import write_private
 from .server_link import REQUEST_MSG_TYPE
 from .token import process_token
 
-#: What the server imports from here (the message type is ``server_link``'s).
-__all__ = ["REQUEST_MSG_TYPE", "call"]
+#: The server's request on the shell channel, and the kernel's reply.
+CALL_MSG_TYPE = "jupyter_pause_call_request"
+CALL_REPLY_MSG_TYPE = "jupyter_pause_call_reply"
+
+#: What the server imports from here (the iopub message type is ``server_link``'s).
+__all__ = ["CALL_MSG_TYPE", "CALL_REPLY_MSG_TYPE", "REQUEST_MSG_TYPE", "call"]
+
+
+def install(kernel: Any) -> None:
+    """Answer the server's shell requests in this kernel (a no-op outside a kernel)."""
+    handlers = getattr(kernel, "shell_handlers", None)
+    if isinstance(handlers, dict):
+        handlers[CALL_MSG_TYPE] = _ShellHandler(kernel)
+
+
+def uninstall(kernel: Any) -> None:
+    handlers = getattr(kernel, "shell_handlers", None)
+    if isinstance(handlers, dict) and isinstance(handlers.get(CALL_MSG_TYPE), _ShellHandler):
+        del handlers[CALL_MSG_TYPE]
+
+
+class _ShellHandler:
+    """ipykernel calls it with (stream, idents, message) between cells, on the main thread."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    def __call__(self, stream: Any, idents: Any, request: dict[str, Any]) -> None:
+        content = request.get("content") or {}
+        try:
+            answer = json.loads(call(str(content.get("op")), json.dumps(content.get("args") or {})))
+        except Exception as err:  # always answer: the server would wait for its timeout
+            answer = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+        self.kernel.session.send(stream, CALL_REPLY_MSG_TYPE, answer, request, idents)
 
 
 def _checkpointer(key: str | None) -> Any:

@@ -24,7 +24,7 @@ from ..kernel.autoload import AUTOLOAD_ENV
 from ..kernel.store import default_store_root
 from ..policy import Policy
 from . import metrics
-from .kernel_bridge import KernelBridge
+from .kernel_bridge import KernelBridge, untrack_own_messages
 from .orchestrator import Orchestrator
 from .routes import handlers
 
@@ -93,6 +93,15 @@ class PauseApp(ExtensionApp):
         help="Pod snapshots kept per workspace by retention and gc, the one the next resume "
         "restores counted first (it is never deleted); 1 keeps that one only. max_age_hours "
         "applies to the others too.",
+    ).tag(config=True)
+
+    outside_pause_hold_seconds = Float(
+        600.0,
+        help="Workspace backend, GKE Workspaces: a pause asked outside jupyter_pause (the "
+        "Kubeflow dashboard's Pause, kubectl, a culler) is held by the snapshot add-on while it "
+        "snapshots the pod. jupyter_pause checkpoints every kernel first and keeps the add-on "
+        "from taking its snapshot until they are written, for up to this many seconds; past "
+        "it the snapshot goes ahead, and the pause says its checkpoints were not complete.",
     ).tag(config=True)
 
     platform_stop_seconds = Float(
@@ -243,6 +252,7 @@ class PauseApp(ExtensionApp):
             save_unmarked=self.save_unmarked,
             direct_io=self.direct_io,
             snapshots_keep_last=self.snapshots_keep_last,
+            outside_hold_seconds=self.outside_pause_hold_seconds,
             kernelspec_overrides=dict(self.kernelspec_overrides),
         )
 
@@ -257,6 +267,8 @@ class PauseApp(ExtensionApp):
         os.environ.update(policy.kernel_env())
         if self.load_in_kernels:
             os.environ[AUTOLOAD_ENV] = "1"
+        # Nothing the extension does by itself may look like the user's work to a culler.
+        untrack_own_messages(serverapp.kernel_manager)
         self.orchestrator = Orchestrator(
             backend=backend,
             bridge=KernelBridge(serverapp.kernel_manager),

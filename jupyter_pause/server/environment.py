@@ -17,6 +17,15 @@ out because the whole-pod story has steps of its own:
   to work in it), one after another, and each says why it was not live.
 * **platform stop** (SIGTERM: Kubeflow's idle pause, a node drain, an upgrade): every kernel
   is checkpointed before the server exits; the timeline says the platform paused it.
+* **a pause from outside** (the dashboard's Pause, kubectl, a culler: ``spec.paused`` set by
+  someone else), seen by the backend's watch. Where the platform holds it for a snapshot (the
+  GKE Workspaces add-on), it is saved as ours is: every kernel checkpointed while the backend
+  keeps the add-on from taking its snapshot (up to ``outside_hold_seconds``), then followed to
+  its snapshot, recorded, and brought back live or from files, and said so. Elsewhere the pod
+  is stopped: SIGTERM comes, and the platform stop above says who asked.
+* **thawed unseen**: this process runs in another pod though it saw no pause (the platform
+  snapshotted and restored it faster than it could look): nothing was checkpointed, the kernels
+  are alive; the timeline says so.
 """
 
 from __future__ import annotations
@@ -31,15 +40,27 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..backends.base import BackendError, EnvironmentBackend, EnvironmentFacts, SnapshotOutcome
+from ..backends.base import (
+    BackendError,
+    EnvironmentBackend,
+    EnvironmentFacts,
+    PlatformPause,
+    SnapshotOutcome,
+)
 from ..backends.workspace_modes import GKE_WORKSPACES
 from ..formatting import format_bytes, format_duration
 from ..kernel.token import process_token
 from ..policy import Policy
 from ..records import SessionRecord
 from . import metrics
-from .checkpoints import Checkpoints
-from .environment_file import ENVIRONMENT_FILE, EnvironmentFile, cold_start_reason, pause_state
+from .checkpoints import Checkpoints, cell_name
+from .environment_file import (
+    ENVIRONMENT_FILE,
+    OUTSIDE,
+    EnvironmentFile,
+    cold_start_reason,
+    pause_state,
+)
 from .kernel_bridge import KernelBridge
 from .sessions import Sessions, intact_text
 from .states import RUNNING_STATES, Conflict
@@ -48,6 +69,14 @@ log = logging.getLogger(__name__)
 
 #: Seconds the SIGTERM checkpoint may take by default: under Kubernetes' default grace of 30 s.
 PLATFORM_BUDGET_SECONDS = 25.0
+#: The reason of a pause asked outside jupyter_pause (who set ``spec.paused`` the API server
+#: does not say: a merge patch held back by the add-on's webhook leaves no trace of its author).
+OUTSIDE_REASON = (
+    "paused from outside jupyter_pause (the Workspace's spec.paused was set: the Kubeflow "
+    "dashboard, kubectl or a culler)"
+)
+#: How often the add-on's hold is renewed while an outside pause writes its checkpoints (s).
+HOLD_TICK_SECONDS = 1.0
 
 
 class Environment:
@@ -81,6 +110,12 @@ class Environment:
         self.waiting: asyncio.Task[None] | None = None  # paused: waiting to be restored or ended
         self.paused_here: dict[str, Any] | None = None  # the pause this process made, in memory
         self.restoring: asyncio.Task[None] | None = None
+        #: A pause asked outside jupyter_pause while the pod is being stopped (not held):
+        #: when it was asked; the SIGTERM that follows is told as that pause.
+        self.outside_asked_at: float | None = None
+        #: The pod (its uid) this server last accounted for: a move to another one that no
+        #: pause of its own explains was unseen.
+        self.instance: str | None = None
 
     def status(self) -> dict[str, Any]:
         """What ``GET /status`` says about the environment (in its resources' details)."""
@@ -103,12 +138,24 @@ class Environment:
             key=lambda r: r.path,
         )
 
+    def _pause_on(self) -> bool:
+        """A pause of this server's is under way, or done and waiting for its fate."""
+        return self.paused_here is not None or (
+            self.pausing is not None and not self.pausing.done()
+        )
+
+    def _busy(self) -> bool:
+        """A pause or restore of this server's is under way, or waits for its fate: what the
+        platform does meanwhile is that one's own doing."""
+        tasks = (self.pausing, self.waiting, self.restoring)
+        return self.paused_here is not None or any(t is not None and not t.done() for t in tasks)
+
     async def pause(
         self, path: str, record: SessionRecord, reason: str, origin: str = "user"
     ) -> SessionRecord:
         """Pause the whole environment because of ``path`` (its ``record``: that of the
         notebook whose kernel it uses); returns at once, follow the states."""
-        if self.paused_here is not None or (self.pausing is not None and not self.pausing.done()):
+        if self._pause_on():
             raise Conflict(f"Cannot pause {path}: the whole workspace is already pausing or paused")
         running = self.running()
         async with contextlib.AsyncExitStack() as locks:
@@ -121,33 +168,80 @@ class Environment:
                 self.sessions.require_running(each, "pause the workspace with")
             for each in running:
                 await self.checkpoints.wait_idle(each, "pause")
-            for each in running:
-                each.timeline.add("last_activity", at=each.activity.last_activity or each.started)
-                each.timeline.add("pause_requested", reason=reason, scope="workspace", by=path)
-                self.sessions.set(
-                    each, "checkpointing", "Saving the session state.", error=None, how=None
-                )
-            self.pausing = asyncio.create_task(self._run_pause(running, reason, origin))
-            for each in running:
-                self.sessions.tasks[each.path] = self.pausing
+            self._begin(running, reason, origin, scope={"by": path})
         return record
 
+    def _begin(
+        self,
+        running: list[SessionRecord],
+        reason: str,
+        origin: str,
+        scope: dict[str, Any],
+        asked_at: float | None = None,
+    ) -> None:
+        """Every running notebook's pause starts (on its timeline, in its state), in one task."""
+        for each in running:
+            each.timeline.add("last_activity", at=each.activity.last_activity or each.started)
+            each.timeline.add(
+                "pause_requested",
+                at=asked_at,
+                reason=reason,
+                scope="workspace",
+                origin=origin,
+                **scope,
+            )
+            self.sessions.set(
+                each, "checkpointing", "Saving the session state.", error=None, how=None
+            )
+        self.pausing = asyncio.create_task(self._run_pause(running, reason, origin))
+        for each in running:
+            self.sessions.tasks[each.path] = self.pausing
+
+    async def platform_paused(self, pause: PlatformPause) -> None:
+        """The platform began a pause (the backend's watch): one of ours goes on as it is; one
+        from outside (the dashboard, kubectl, a culler) is saved as ours would be."""
+        if self._busy():
+            return
+        log.warning("jupyter_pause: %s", OUTSIDE_REASON)
+        if not pause.held:  # the pod is being stopped: the SIGTERM that comes saves every kernel
+            self.outside_asked_at = pause.asked_at
+            return
+        with contextlib.suppress(Exception):  # kernels nobody asked about yet count too
+            await self.sync()
+        running = [r for r in self.running() if r.path not in self.sessions.tasks]
+        async with contextlib.AsyncExitStack() as locks:
+            for each in running:
+                await locks.enter_async_context(self.sessions.lock(each.path))
+            if self._pause_on():  # ours began while the locks were taken
+                return
+            self._begin(running, OUTSIDE_REASON, OUTSIDE, {"held": True}, pause.asked_at)
+
     async def _run_pause(self, running: list[SessionRecord], reason: str, origin: str) -> None:
+        outside = origin == OUTSIDE  # the platform pauses anyway: nothing is aborted
+        facts = EnvironmentFacts("", None)
         try:
             try:
                 facts = await self.backend.environment_facts()
             except BackendError as err:
-                await self._abort(running, f"the workspace cannot be paused: {err}")
-                return
-            tokens: dict[str, str | None] = {}  # of each kernel, from its pause checkpoint
-            for record in running:
-                try:
-                    _result, tokens[record.path] = await self.checkpoints.take(
-                        record, reason="pause", then="checkpointing"
-                    )
-                except Conflict as err:
-                    await self._abort(running, f"{record.path} could not be checkpointed: {err}")
+                if not outside:
+                    await self._abort(running, f"the workspace cannot be paused: {err}")
                     return
+            tokens: dict[str, str | None] = {}  # of each kernel, from its pause checkpoint
+            unsaved: dict[str, str] = {}
+            hold: dict[str, Any] = {}
+            if outside:
+                unsaved, hold = await self._checkpoint_in_the_hold(running, tokens, facts)
+            else:
+                for record in running:
+                    try:
+                        _result, tokens[record.path] = await self.checkpoints.take(
+                            record, reason="pause", then="checkpointing"
+                        )
+                    except Conflict as err:
+                        await self._abort(
+                            running, f"{record.path} could not be checkpointed: {err}"
+                        )
+                        return
             for record in running:
                 self.sessions.set(
                     record,
@@ -185,14 +279,17 @@ class Environment:
                 with contextlib.suppress(BackendError):
                     await self.backend.announce(provisional)
                     self.announced = True
-            outcome = await self.backend.snapshot_environment(on_phase)
+            outcome = await self.backend.snapshot_environment(
+                on_phase, ask=not outside, paused_in=facts.instance
+            )
             state = pause_state(
                 self.token, running, reason, origin, facts.instance, outcome, pause_id, at
             )
             if outcome.resumed_from_snapshot:
                 # This is the restored copy: the pause happened (its kernels' tokens recorded
                 # as at any pause), now prove what came back.
-                self._mark_paused(running, state, outcome, tokens)
+                self._mark_paused(running, state, outcome, tokens, unsaved, hold)
+                self._stopped(running, outcome, at=outcome.details.get("stopped_at"))
                 self.paused_here = state
                 for record in running:  # the pause is over: its resume may begin
                     if self.sessions.tasks.get(record.path) is self.pausing:
@@ -202,27 +299,19 @@ class Environment:
                 await self._after_restore(await self.backend.wait_until_moved(facts.instance))
                 return
             await self.file.write(state)
-            self._mark_paused(running, state, outcome, tokens)
+            self._mark_paused(running, state, outcome, tokens, unsaved, hold)
             await self.sessions.writer.flush()
             if outcome.name:  # retention: older snapshots go before the pod does
                 await self.expire_snapshots()
             try:
                 await self.backend.stop_environment(state)
             except BackendError as err:
-                await self._abort(running, f"the workspace could not be paused: {err}")
-                return
+                if not outside:
+                    await self._abort(running, f"the workspace could not be paused: {err}")
+                    return
+                log.warning("jupyter_pause: the outside pause could not be recorded: %s", err)
             self.paused_here = state
-            for record in running:
-                record.timeline.add(
-                    "kernel_stopped",
-                    scope="workspace",
-                    mode=outcome.mode,
-                    snapshot=outcome.name,
-                    **({"no_snapshot": outcome.problem} if outcome.problem else {}),
-                )
-                if record.gpus or record.gpus_needed:
-                    record.timeline.add("gpu_released", measured=False, gpus=record.gpus)
-                metrics.pause_finished("paused")
+            self._stopped(running, outcome)
         except Exception as err:  # a bug must leave the sessions running, and say so
             log.exception("jupyter_pause: the workspace pause failed")
             await self._abort(running, f"unexpected error ({type(err).__name__}: {err})")
@@ -234,14 +323,114 @@ class Environment:
         # Paused: the platform ends this process, or brings it back from the snapshot.
         self.waiting = asyncio.create_task(self._wait_for_restore(facts.instance))
 
+    async def _checkpoint_in_the_hold(
+        self,
+        running: list[SessionRecord],
+        tokens: dict[str, str | None],
+        facts: EnvironmentFacts,
+    ) -> tuple[dict[str, str], dict[str, Any]]:
+        """An outside pause's checkpoints, written while the backend keeps the platform's hold
+        (the add-on takes no snapshot meanwhile), up to ``outside_hold_seconds``. Nothing
+        stops the pause: a kernel whose cell runs on past ``busy_wait_seconds``, or whose
+        checkpoint fails, is left to the snapshot, and said so. Returns those, with why, and
+        what to say of the hold with the snapshot."""
+        mode, why = await self.backend.pause_mode()
+        early = SnapshotOutcome(
+            None,
+            "the pod was stopped before every kernel was checkpointed",
+            mode=mode,
+            mode_reason=why,
+        )
+        # On the volume before anything: a pod stopped in the middle of the checkpoints still
+        # comes back knowing it was paused, and restores the checkpoints it has.
+        started = time.time()
+        await self.file.write(
+            pause_state(
+                self.token,
+                running,
+                OUTSIDE_REASON,
+                OUTSIDE,
+                facts.instance,
+                early,
+                secrets.token_hex(8),
+                started,
+            )
+        )
+        unsaved: dict[str, str] = {}
+        work = asyncio.ensure_future(self._outside_checkpoints(running, tokens, unsaved))
+        held_from = time.monotonic()
+        holding = True
+        while not work.done():
+            if holding and time.monotonic() - held_from < self.policy.outside_hold_seconds:
+                holding = await self.backend.hold_platform_pause()
+            elif holding:
+                holding = False
+                log.warning(
+                    "jupyter_pause: the outside pause's checkpoints took over %.0f s: the "
+                    "platform's snapshot goes ahead",
+                    self.policy.outside_hold_seconds,
+                )
+            await asyncio.wait([work], timeout=HOLD_TICK_SECONDS)
+        await work
+        # Said with the snapshot: how long the checkpoints took in the hold, and whether they
+        # were written before the platform was let go on to its snapshot.
+        hold = {"checkpoint_seconds": round(time.time() - started, 3), "checkpoints_first": holding}
+        return unsaved, hold
+
+    async def _outside_checkpoints(
+        self,
+        running: list[SessionRecord],
+        tokens: dict[str, str | None],
+        unsaved: dict[str, str],
+    ) -> None:
+        for record in running:
+            deadline = time.monotonic() + self.policy.busy_wait_seconds
+            while record.activity.busy and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            if record.activity.busy:  # never interrupted: the snapshot takes it as it runs
+                unsaved[record.path] = (
+                    f"{cell_name(record)} was running; the pod snapshot holds it as it runs"
+                    + intact_text(record.checkpoint)
+                )
+                continue
+            try:
+                _result, tokens[record.path] = await self.checkpoints.take(
+                    record, reason="pause", then="checkpointing"
+                )
+            except Conflict as err:
+                unsaved[record.path] = f"{err}; the pod snapshot holds it" + intact_text(
+                    record.checkpoint
+                )
+
+    def _stopped(
+        self, running: list[SessionRecord], outcome: SnapshotOutcome, at: float | None = None
+    ) -> None:
+        """The pod (and its GPUs) went: on each timeline, ``at`` the last moment this process
+        ran before the platform stopped it, where it learnt that only once thawed."""
+        for record in running:
+            record.timeline.add(
+                "kernel_stopped",
+                at=at,
+                scope="workspace",
+                mode=outcome.mode,
+                snapshot=outcome.name,
+                **({"no_snapshot": outcome.problem} if outcome.problem else {}),
+            )
+            if record.gpus or record.gpus_needed:
+                record.timeline.add("gpu_released", at=at, measured=False, gpus=record.gpus)
+            metrics.pause_finished("paused")
+
     def _mark_paused(
         self,
         running: list[SessionRecord],
         state: dict[str, Any],
         outcome: SnapshotOutcome,
         tokens: dict[str, str | None],
+        unsaved: dict[str, str],
+        hold: dict[str, Any],
     ) -> None:
         when = time.strftime("%H:%M", time.localtime(state["paused_at"]))
+        details = {**{k: v for k, v in outcome.details.items() if k != "stopped_at"}, **hold}
         if outcome.name:
             snapshot = f"pod snapshot {outcome.name}"
             for record in running:
@@ -250,22 +439,27 @@ class Environment:
                     name=outcome.name,
                     seconds=round(outcome.seconds, 3),
                     mode=outcome.mode,
-                    **outcome.details,
+                    **details,
                 )
         else:
             snapshot = f"no pod snapshot: {outcome.problem}"
             for record in running:  # before the pod goes: a cold start reads it from the PVC
-                record.timeline.add("snapshot_missing", mode=outcome.mode, why=outcome.problem)
+                record.timeline.add(
+                    "snapshot_missing", mode=outcome.mode, why=outcome.problem, **hold
+                )
+        by = " from outside jupyter_pause" if state.get("origin") == OUTSIDE else ""
         for record in running:
             saved = format_bytes((record.checkpoint or {}).get("bytes", 0))
             record.checkpoint = {
                 **(record.checkpoint or {}),
                 **({"snapshot": outcome.name} if outcome.name else {}),
             }
+            missing = unsaved.get(record.path)
             self.sessions.set(
                 record,
                 "paused",
-                f"Paused since {when} with the whole workspace ({saved} saved; {snapshot}).",
+                f"Paused{by} since {when} with the whole workspace ({saved} saved; {snapshot})."
+                + (f" Not checkpointed at this pause: {missing}." if missing else ""),
                 progress=None,
                 gpus=[],
                 paused_process_token=tokens.get(record.path),
@@ -304,6 +498,7 @@ class Environment:
         """This process runs again, in a new pod: prove a live restore, or restore from files."""
         mine = self.paused_here or {}
         self.paused_here = None
+        self.instance = facts.instance
         disk = await self.file.read()
         frozen = time.time() - float(mine.get("paused_at") or time.time())
         snapshot = mine.get("snapshot")
@@ -312,7 +507,11 @@ class Environment:
             and disk.get("pause_id") == mine.get("pause_id")
             and (disk.get("server_token") == self.token)
         ):
-            note = f"the pod was restored from snapshot {snapshot}, frozen for {format_duration(frozen)}"
+            note = (
+                ("paused from outside jupyter_pause; " if mine.get("origin") == OUTSIDE else "")
+                + f"the pod was restored from snapshot {snapshot}, frozen for "
+                + format_duration(frozen)
+            )
             await self.restore_all(mine.get("notebooks") or [], True, note, facts, frozen)
             return
         if not facts.restored:
@@ -337,7 +536,12 @@ class Environment:
         await self.restore_all(paths, False, note, facts, frozen)
 
     async def on_start(self) -> None:
-        """A new server process: restore what was paused, or running when the last one died."""
+        """A new server process: restore what was paused, or running when the last one died;
+        from then on, follow what the platform does by itself."""
+        await self._restore_at_start()
+        await self.backend.watch_platform(self.platform_paused, self.moved_unseen)
+
+    async def _restore_at_start(self) -> None:
         disk = await self.file.read()
         paths = list(disk.get("notebooks") or []) if disk.get("state") == "paused" else []
         paths += [p for p in self.sessions.interrupted if p not in paths]
@@ -349,11 +553,30 @@ class Environment:
         facts, error = None, ""
         try:
             facts = await self.backend.environment_facts()
+            self.instance = facts.instance
         except BackendError as err:
             error = str(err)
         note = "cold start: " + cold_start_reason(disk, facts, error)
         log.warning("jupyter_pause: %s", note)
         self.restoring = asyncio.create_task(self.restore_all(paths, False, note, facts, None))
+
+    async def moved_unseen(self, facts: EnvironmentFacts) -> None:
+        """This process runs in another pod, and no pause of this server's went with it: the
+        platform paused and restored the pod faster than the watch saw (or while the API server
+        was away). The kernels are the very processes (this one ran on with them), but nothing
+        was checkpointed before: each timeline says so."""
+        if self._busy() or not facts.instance or facts.instance == self.instance:
+            return  # a move of this server's own pause, followed there
+        self.instance = facts.instance
+        snapshot = facts.pinned_snapshot or "an unnamed snapshot"
+        why = (
+            f"the platform paused this workspace and restored it from {snapshot} by itself, "
+            "unseen by jupyter_pause: no checkpoint was taken before the pause"
+        )
+        log.warning("jupyter_pause: %s", why)
+        for record in self.running():
+            record.timeline.add("state_restored", how="live", unseen=True, why=why)
+            self.sessions.save(record)
 
     async def restore_all(
         self,
@@ -444,10 +667,19 @@ class Environment:
         if not running:
             return
         started = time.time()
-        reason = "the platform stopped the pod (SIGTERM)"
+        reason, origin, who = (
+            "the platform stopped the pod (SIGTERM)",
+            "platform",
+            "by the platform",
+        )
+        if self.outside_asked_at is not None:  # the watch saw who: a pause from outside
+            reason, origin = f"{OUTSIDE_REASON}; the pod was stopped (SIGTERM)", OUTSIDE
+            who = "from outside jupyter_pause"
         for record in running:
             record.timeline.add("last_activity", at=record.activity.last_activity or record.started)
-            record.timeline.add("pause_requested", reason=reason, origin="platform")
+            record.timeline.add(
+                "pause_requested", at=self.outside_asked_at, reason=reason, origin=origin
+            )
         jobs = {asyncio.ensure_future(self._platform_checkpoint(r)): r for r in running}
         done, late = await asyncio.wait(jobs, timeout=max(0.0, deadline - time.monotonic()))
         saved = 0
@@ -458,11 +690,11 @@ class Environment:
                 saved += int((record.checkpoint or {}).get("bytes", 0))
             why = "not saved in time" if job in late else "could not be checkpointed"
             intact = intact_text(record.checkpoint)
-            record.timeline.add("kernel_stopped", origin="platform")
+            record.timeline.add("kernel_stopped", origin=origin)
             self.sessions.set(
                 record,
                 "paused",
-                f"Paused by the platform at {when} (SIGTERM)"
+                f"Paused {who} at {when} (SIGTERM)"
                 + ("." if not failed else f"; the latest state {why}.{intact}"),
                 progress=None,
                 gpus=[],
@@ -471,7 +703,7 @@ class Environment:
             job.cancel()
         none = SnapshotOutcome(None, "the platform stopped the pod (SIGTERM)")
         state = pause_state(
-            self.token, running, reason, "platform", "", none, secrets.token_hex(8), started
+            self.token, running, reason, origin, "", none, secrets.token_hex(8), started
         )
         state.update(bytes=saved, checkpoint_seconds=round(time.time() - started, 3))
         await self.file.write(state)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 
 #: What the last pause of the environment did, beside the notebooks' folders in the store.
 ENVIRONMENT_FILE = "environment.json"
+#: The origin of a pause asked outside jupyter_pause (the dashboard, kubectl, a culler).
+OUTSIDE = "outside"
 
 
 def pause_state(
@@ -67,6 +70,18 @@ def cold_start_reason(disk: dict[str, Any], facts: EnvironmentFacts | None, erro
             "the platform stopped the pod (SIGTERM: an idle pause, a node drain or an upgrade) "
             "after every notebook was checkpointed; no pod snapshot is taken then"
         )
+    why = _snapshot_reason(disk, facts, error)
+    if disk.get("origin") == OUTSIDE:
+        when = time.strftime("%H:%M", time.localtime(float(disk.get("paused_at") or 0)))
+        return (
+            f"the workspace was paused from outside jupyter_pause at {when} (the dashboard, "
+            f"kubectl or a culler); {why}"
+        )
+    return why
+
+
+def _snapshot_reason(disk: dict[str, Any], facts: EnvironmentFacts | None, error: str) -> str:
+    """Why a pod snapshot taken at (or missing from) a pause did not bring the process back."""
     # The pod's pin names the snapshot where the pause could not write it down: a platform
     # that stops the pod right after its snapshot (the GKE Workspaces add-on) stopped this
     # server before it knew the snapshot's name.

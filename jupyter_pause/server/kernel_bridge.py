@@ -1,9 +1,14 @@
 """The server's side of talking to a kernel: requests over the kernel's own ZMQ channels.
 
-Requests are silent execute requests carrying one *user expression* (see
-``kernel.server_calls``): no history entry, no output in the notebook, no browser needed.
-A watcher per kernel listens on iopub for what the orchestrator needs to know: busy/idle,
-cells executed, and ``%pause`` requests.
+Requests are shell messages of our own type (``kernel.server_calls``; control messages for
+what cannot wait for a running cell, ``kernel.control``): no history entry, no output in the
+notebook, no browser needed. A watcher per kernel listens on iopub for what the orchestrator
+needs to know: busy/idle, cells executed, and ``%pause`` requests.
+
+None of it is the user's activity. jupyter-server takes every iopub message of a kernel for
+activity unless its type, or its parent request's, is one of the kernel manager's
+``untracked_message_types`` (the clock its culler, JupyterHub's idle culler and Kubeflow's
+culler read): ``untrack_own_messages`` adds ours there.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import zmq
 from jupyter_client.session import Session
 
 from ..kernel import control
-from ..kernel.server_calls import REQUEST_MSG_TYPE
+from ..kernel.server_calls import CALL_MSG_TYPE, REQUEST_MSG_TYPE
 from ..records import KernelActivity
 
 log = logging.getLogger(__name__)
@@ -31,8 +36,25 @@ log = logging.getLogger(__name__)
 #: by ipykernel >= 7 also while a cell runs) before it asks over the shell channel instead.
 WELCOME_SECONDS = 3.0
 #: How long after our own request its last messages (the kernel's "idle") have reached
-#: jupyter-server's activity tracking, before we take that activity back.
+#: jupyter-server's activity tracking, before we take that activity back (a kernel asked the
+#: old way only: an execute request always counts).
 ACTIVITY_SETTLE_SECONDS = 0.5
+#: The messages the server's own work makes a kernel publish on iopub, by their type or their
+#: parent request's: our shell and control requests, the kernel's requests to the server, and
+#: ipykernel's greeting of each new iopub subscriber (ours, and a browser tab reconnecting:
+#: an open tab is not activity either).
+OWN_MESSAGE_TYPES = (CALL_MSG_TYPE, control.REQUEST_MSG_TYPE, REQUEST_MSG_TYPE, "iopub_welcome")
+
+
+def untrack_own_messages(kernel_manager: Any) -> None:
+    """Tell jupyter-server not to count the server's own kernel messages as activity (its
+    ``untracked_message_types``, the admin's own list kept)."""
+    untracked = getattr(kernel_manager, "untracked_message_types", None)
+    if untracked is None:  # a kernel manager that tracks no activity
+        return
+    missing = [kind for kind in OWN_MESSAGE_TYPES if kind not in untracked]
+    if missing:
+        kernel_manager.untracked_message_types = [*untracked, *missing]
 
 
 class KernelCallError(Exception):
@@ -65,11 +87,25 @@ class KernelBridge:
         return client
 
     async def call(self, kernel_id: str, op: str, timeout: float, **args: Any) -> dict[str, Any]:
-        """Evaluate ``server_calls.call(op, args)`` in the kernel; returns its JSON answer."""
+        """Run ``server_calls.call(op, args)`` in the kernel; returns its JSON answer."""
         client = self._client(kernel_id)
+        client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
+        try:
+            answer = await _shell_call(client, op, args, timeout)
+            if answer is None:  # no handler yet: the old way loads the extension, and so it
+                answer = await self._execute_call(client, kernel_id, op, args, timeout)
+        finally:
+            client.stop_channels()
+        return answer
+
+    async def _execute_call(
+        self, client: Any, kernel_id: str, op: str, args: dict[str, Any], timeout: float
+    ) -> dict[str, Any]:
+        """The call as a user expression of a silent execute request, for a kernel whose
+        extension is not loaded yet. jupyter-server counts an execute request as activity
+        whatever it carries: taken back a moment later (``_forget_own_activity``)."""
         before = getattr(self.kernel_manager.get_kernel(kernel_id), "last_activity", None)
         asked_at = time.time()
-        client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
         expression = (
             "__import__('jupyter_pause.kernel.server_calls', fromlist=['call'])"
             f".call({op!r}, {json.dumps(args)!r})"
@@ -82,23 +118,14 @@ class KernelBridge:
                 user_expressions={"r": expression},
                 allow_stdin=False,
             )
-            deadline = time.monotonic() + timeout
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise KernelCallError(f"the kernel did not answer within {timeout:.0f} s")
-                try:
-                    reply = await client.get_shell_msg(timeout=remaining)
-                except Exception:  # queue.Empty from jupyter_client: a timeout
-                    continue
-                if reply["parent_header"].get("msg_id") == msg_id:
-                    break
+            reply = await _reply_to(client.get_shell_msg, msg_id, timeout)
         finally:
-            client.stop_channels()
             if before is not None and kernel_id in self._watched:
                 asyncio.get_running_loop().call_later(
                     ACTIVITY_SETTLE_SECONDS, self._forget_own_activity, kernel_id, before, asked_at
                 )
+        if reply is None:
+            raise KernelCallError(f"the kernel did not answer within {timeout:.0f} s")
         return _parse_reply(reply)
 
     async def control(self, kernel_id: str, op: str, timeout: float = 10.0) -> dict[str, Any]:
@@ -109,31 +136,25 @@ class KernelBridge:
         try:
             request = client.session.msg(control.REQUEST_MSG_TYPE, {"op": op})
             client.control_channel.send(request)
-            deadline = time.monotonic() + timeout
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise KernelCallError(
-                        f"the kernel did not answer on its control channel within {timeout:.0f} s"
-                        " (jupyter_pause not loaded in it, or an ipykernel older than 6)"
-                    )
-                try:
-                    reply = await client.control_channel.get_msg(timeout=remaining)
-                except Exception:  # queue.Empty from jupyter_client: a timeout
-                    continue
-                if reply["parent_header"].get("msg_id") == request["header"]["msg_id"]:
-                    break
+            reply = await _reply_to(
+                client.control_channel.get_msg, request["header"]["msg_id"], timeout
+            )
         finally:
             client.stop_channels()
+        if reply is None:
+            raise KernelCallError(
+                f"the kernel did not answer on its control channel within {timeout:.0f} s"
+                " (jupyter_pause not loaded in it, or an ipykernel older than 6)"
+            )
         answer = reply["content"]
         if not answer.get("ok"):
             raise KernelCallError(str(answer.get("error") or answer))
         return answer
 
     def _forget_own_activity(self, kernel_id: str, before: datetime, asked_at: float) -> None:
-        """jupyter-server counts every message of a kernel as activity (its ``/api/status``,
-        its culler and external idle cullers read it): take back what our own request added,
-        unless the watcher saw the user do something meanwhile (then it stays as it is)."""
+        """jupyter-server counts an execute request as activity (its ``/api/status``, its
+        culler and external idle cullers read it): take back what our own one added, unless
+        the watcher saw the user do something meanwhile (then it stays as it is)."""
         activity = self._watched.get(kernel_id)
         # Runs a moment after our request: a pause may have shut the kernel down meanwhile,
         # and then there is no activity left to take back.
@@ -203,11 +224,13 @@ class KernelBridge:
         if kind == "status":
             state = msg["content"].get("execution_state")
             execute = parent.get("msg_type") == "execute_request"
+            shell = execute or parent.get("msg_type") == CALL_MSG_TYPE
             if state == "busy" and execute and not ours and not activity.busy:
                 activity.busy, activity.busy_since = True, now
-            elif state == "idle" and execute and activity.busy:
-                # The shell runs one execute request at a time: idle after any of them (ours
-                # too) means no cell is running, also when busy was only inferred at attach.
+            elif state == "idle" and shell and activity.busy:
+                # The shell runs one request at a time: idle after an execute request or one
+                # of our calls means no cell is running, also when busy was only inferred at
+                # attach.
                 # (Control-channel requests, e.g. the debugger's, run beside a cell: ignored.)
                 activity.busy_seconds += now - (activity.busy_since or now)
                 activity.busy, activity.busy_since = False, None
@@ -222,6 +245,45 @@ class KernelBridge:
             )
         elif kind == REQUEST_MSG_TYPE:
             await on_event("request", dict(msg["content"]))
+
+
+async def _shell_call(
+    client: Any, op: str, args: dict[str, Any], timeout: float
+) -> dict[str, Any] | None:
+    """The kernel's answer to our shell request, or None when it has no handler for it.
+
+    A kernel serves one shell request at a time, in order: a ``kernel_info_request`` sent right
+    after ours is answered after ours where a handler answers it, and first where none does
+    (ipykernel drops a message type it does not know, with no reply). No timing is involved.
+    """
+    request = client.session.msg(CALL_MSG_TYPE, {"op": op, "args": args})
+    client.shell_channel.send(request)
+    probe = client.kernel_info()
+    reply = await _reply_to(client.get_shell_msg, (request["header"]["msg_id"], probe), timeout)
+    if reply is None:
+        raise KernelCallError(f"the kernel did not answer within {timeout:.0f} s")
+    if reply["parent_header"].get("msg_id") == probe:
+        return None
+    return dict(reply["content"])
+
+
+async def _reply_to(
+    receive: Callable[..., Awaitable[dict[str, Any]]],
+    msg_ids: str | tuple[str, ...],
+    timeout: float,
+) -> dict[str, Any] | None:
+    """The first reply to one of ``msg_ids`` that ``receive`` (a channel's get) brings within
+    ``timeout`` seconds; None when none came."""
+    wanted = (msg_ids,) if isinstance(msg_ids, str) else msg_ids
+    deadline = time.monotonic() + timeout
+    while (remaining := deadline - time.monotonic()) > 0:
+        try:
+            reply = await receive(timeout=remaining)
+        except Exception:  # queue.Empty from jupyter_client: a timeout
+            continue
+        if reply["parent_header"].get("msg_id") in wanted:
+            return reply
+    return None
 
 
 async def _iopub_ready(client: Any) -> dict[str, Any] | None:

@@ -164,6 +164,35 @@ describe('describeEvent', () => {
         ev('snapshot_taken', 1, { name: 'a1b2', mode: 'gke-workspaces' })
       )
     ).toBe('Pod snapshot a1b2 taken (GKE Workspaces add-on)');
+    // a pause from the dashboard: the checkpoints came first, in the add-on's hold, or not
+    expect(
+      describeEvent(
+        ev('snapshot_taken', 1, {
+          name: 'a1b2',
+          mode: 'gke-workspaces',
+          checkpoints_first: true,
+          checkpoint_seconds: 4.25
+        })
+      )
+    ).toBe(
+      "Pod snapshot a1b2 taken (GKE Workspaces add-on); checkpoints written first, in the platform's hold (4.3 s)"
+    );
+    expect(
+      describeEvent(
+        ev('snapshot_taken', 1, {
+          name: 'a1b2',
+          checkpoints_first: false,
+          checkpoint_seconds: 700
+        })
+      )
+    ).toBe(
+      'Pod snapshot a1b2 taken; before the checkpoints were complete (700.0 s were not enough)'
+    );
+    expect(
+      describeEvent(ev('state_restored', 1, { how: 'live', unseen: true }))
+    ).toBe(
+      'Live session restored by the platform, unseen: nothing was checkpointed before its pause'
+    );
     for (const kind of ['kernel_ready', 'failed', 'something_new']) {
       expect(describeEvent(ev(kind, 1, { what: 'x' }))).not.toMatch(/[{}[\]]/);
     }

@@ -443,7 +443,7 @@ def test_platform_pause_sigterm_checkpoints_every_kernel_and_nothing_is_lost(
 
     # When the platform pauses the workspace itself (Kubeflow's culler sets spec.paused): the
     # StatefulSet goes to 0 and the real StatefulSet controller deletes the pod, so the kubelet
-    # sends SIGTERM
+    # sends SIGTERM (after the server's watch saw spec.paused set: a pause from outside)
     real_chain.set_paused("lab", True)
     assert container.stopped.wait(90), "the kubelet did not stop the pod"
 
@@ -451,15 +451,17 @@ def test_platform_pause_sigterm_checkpoints_every_kernel_and_nothing_is_lost(
     assert container.signals == ["SIGTERM"], container.signals  # no SIGKILL
     assert container.exit_seconds is not None and container.exit_seconds < grace
     environment = json.loads((store(workspace) / "environment.json").read_text())
-    assert environment["origin"] == "platform" and environment["snapshot"] is None
+    assert environment["origin"] == "outside" and environment["snapshot"] is None
     assert sorted(environment["notebooks"]) == ["a.ipynb", "b.ipynb"]
     assert environment["checkpoint_seconds"] < 25.0  # PauseApp.platform_stop_seconds, shipped
     records = on_volume(workspace)
     for path in ("a.ipynb", "b.ipynb"):
         assert records[path]["state"] == "paused", records[path]
-        assert records[path]["message"].startswith("Paused by the platform at "), records[path]
+        assert records[path]["message"].startswith("Paused from outside jupyter_pause at ")
     requested = [e for e in records["a.ipynb"]["timeline"] if e["kind"] == "pause_requested"][-1]
-    assert requested["data"]["origin"] == "platform" and "SIGTERM" in requested["data"]["reason"]
+    assert requested["data"]["origin"] == "outside", requested
+    assert "spec.paused was set" in requested["data"]["reason"], requested
+    assert "SIGTERM" in requested["data"]["reason"], requested
     assert real_chain.snapshot_names() == []
     print(
         f"\nSIGTERM: checkpoints {environment['checkpoint_seconds']:.2f} s, server exit "
@@ -470,11 +472,12 @@ def test_platform_pause_sigterm_checkpoints_every_kernel_and_nothing_is_lost(
     real_chain.wait(lambda: gone(real_chain, workspace), 60, "the pod to go")
     output = resume_from_outside(real_chain, workspace, tmp_path)
 
-    # Then a cold start restores both notebooks, saying the platform paused it: nothing lost
+    # Then a cold start restores both notebooks, saying who paused it and how: nothing lost
     server = running(real_chain, workspace, previous=first_pod)
     ready = server.wait_state("a.ipynb", "ready", "partial", "failed")
     assert ready["state"] == "ready" and ready["how"] == "files", ready
-    assert "the platform stopped the pod (SIGTERM" in ready["message"]
+    assert "paused from outside jupyter_pause" in ready["message"], ready["message"]
+    assert "the platform stopped the pod (SIGTERM" in ready["message"], ready["message"]
     assert server.run(ready["kernel_id"], CHECKSUM_CELL) == expected
     assert server.run(ready["kernel_id"], "print(late)") == "after the last checkpoint\n"
     resumed = server.wait_state("b.ipynb", "ready", "partial", "failed")
