@@ -139,8 +139,14 @@ class WorkspaceWatch:
 
     # -- on the server's event loop ----------------------------------------------------------------
     async def _react(self) -> None:
+        seen = None  # the version of the Workspace last looked at (a read finds it unchanged)
         while True:
             workspace = await self._changes.get()
+            if workspace is not None:
+                version = (workspace.get("metadata") or {}).get("resourceVersion")
+                if version is not None and version == seen:
+                    continue
+                seen = version
             try:
                 await self._check_pod()
                 if workspace is not None:
@@ -150,6 +156,16 @@ class WorkspaceWatch:
 
     async def _check_pause(self, workspace: dict[str, Any]) -> None:
         pause = platform_pause(workspace)
+        if pause is not None and not self._paused:
+            # A change may have waited out a freeze in the stream: only a pause still on now
+            # is one (the one seen may be over, this process thawed in a new pod since).
+            try:
+                now = await asyncio.to_thread(
+                    self.kube.get_workspace, self.namespace, self.workspace
+                )
+            except KubeError:
+                return  # the next change, or the next read, looks again
+            pause = platform_pause(now)
         if pause is None:
             self._paused = False
             return

@@ -568,6 +568,8 @@ class Environment:
         if self._busy() or not facts.instance or facts.instance == self.instance:
             return  # a move of this server's own pause, followed there
         self.instance = facts.instance
+        with contextlib.suppress(Exception):  # kernels nobody asked about yet count too
+            await self.sync()
         snapshot = facts.pinned_snapshot or "an unnamed snapshot"
         why = (
             f"the platform paused this workspace and restored it from {snapshot} by itself, "

@@ -11,6 +11,8 @@ trusted after it (the next pause from our button follows the add-on to its own o
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -342,4 +344,51 @@ def test_status_and_resume_answer_in_every_state_of_the_addons_cycle(
     line = status()
     assert f"{workspace}: ready - Restored live (a.ipynb: ready)" in line, line
     server = RemoteServer(resumed.url, lab.jupyter_token)
+    assert server.run(kernel_id, CHECKSUM_CELL) == expected
+
+
+def test_a_pause_the_server_never_saw_is_said_and_nothing_of_the_old_pod_is_trusted(
+    gke_addon: SnapshotAddon, real_chain: RealPlayedCluster, tmp_path: Path
+) -> None:
+    # Given a notebook with data in a Workspace the add-on snapshots, and its server stalled
+    # (stopped) from before a pause from the dashboard until GKE restores the pod: it sees
+    # neither the pause nor the snapshot, only the changes it missed, late
+    lab, container, server = enabled_lab(real_chain, tmp_path)
+    first_pod = container.pod_uid
+    kernel_id, expected = with_data(server)
+    os.kill(container.process.pid, signal.SIGSTOP)
+    paused_from_dashboard(real_chain)
+    real_chain.set_paused("lab", False)
+    resumed = real_chain.running(lab, previous_pod=first_pod)  # GKE's restore thaws it all
+    assert resumed is container
+
+    # Then the server finds itself in another pod: it says so on the timeline (the kernel is
+    # the very process; nothing was checkpointed first), and starts no pause of its own from
+    # the stale changes of a pause that is over
+    server = RemoteServer(resumed.url, lab.jupyter_token)
+    timeline = real_chain.wait(
+        lambda: of_kind(events(server, "a.ipynb"), "state_restored") and events(server, "a.ipynb"),
+        60,
+        "the server to say it was restored unseen",
+    )
+    (restored,) = of_kind(timeline, "state_restored")
+    assert (restored["data"]["how"], restored["data"]["unseen"]) == ("live", True), restored
+    assert "no checkpoint was taken before the pause" in restored["data"]["why"], restored
+    assert not of_kind(timeline, "pause_requested")
+    assert server.session("a.ipynb")["state"] == "active"
+    assert server.run(kernel_id, CHECKSUM_CELL) == expected
+
+    # When the notebook is then paused from our button, and resumed
+    real_chain.wait(lambda: not real_chain.snapshot_names(), 90, "the add-on to retire it")
+    code, record = server.request("POST", "/jupyter-pause/pause/a.ipynb")
+    assert code == 202, record
+    real_chain.wait(lambda: real_chain.pod_of("lab") is None, 120, "the pause to go through")
+    real_chain.set_paused("lab", False)
+
+    # Then it follows the add-on as always (its pod read afresh): back live, proven
+    again = real_chain.running(lab, previous_pod=resumed.pod_uid)
+    assert again is container
+    server = RemoteServer(again.url, lab.jupyter_token)
+    ready = server.wait_state("a.ipynb", "ready", "partial", "failed", timeout=180)
+    assert (ready["how"], ready["kernel_id"]) == ("live", kernel_id), ready
     assert server.run(kernel_id, CHECKSUM_CELL) == expected
