@@ -262,6 +262,27 @@ def test_pauses_are_counted_as_the_timeline_counts_them_also_without_a_gpu() -> 
     assert since_third["groups"][0]["pauses"] == 2 and since_third["pauses_recorded"] == 5
 
 
+def test_pauses_from_outside_jupyter_pause_are_counted_and_said_apart() -> None:
+    # Given five pauses: the second from the dashboard (origin outside), the fourth the
+    # platform's own stop of the pod (SIGTERM), the others from the toolbar
+    notebook = paused_without_gpu(5)
+    origins = iter(["user", "outside", "user", "platform", "user"])
+    for event in notebook["events"]:
+        if event["kind"] == "pause_requested":
+            event["data"]["origin"] = next(origins)
+    data = listing(notebook, now=MONDAY + 24 * H)
+
+    # When the report is built, over everything and over the last two cycles
+    numbers = report.build(data, since_seconds=None)
+    since_third = report.build(data, since_seconds=24 * H - 5 * H)
+
+    # Then all five are pauses, two of them from outside jupyter_pause, and the text says so
+    assert (numbers["pauses"], numbers["pauses_outside"]) == (5, 2)
+    assert (since_third["pauses"], since_third["pauses_outside"]) == (2, 1)
+    text = render.markdown(numbers, "test", [])
+    assert "2 of the pauses came from outside jupyter_pause (the dashboard, kubectl" in text
+
+
 def restored(how: str, at: float, **proof: Any) -> list[dict[str, Any]]:
     """One pause and resume ending in a ``state_restored`` event saying ``how``."""
     return [

@@ -84,7 +84,10 @@ def markdown(report: dict[str, Any], source: str, charts: list[Path]) -> str:
         "",
         f"Pauses ({report['pauses']}) and resumes ({report['resumes']}) are requests, counted "
         "as `jupyter pause timeline` counts them: also a pause the kernel survived (it failed) "
-        "and one of a kernel without a GPU.",
+        "and one of a kernel without a GPU. "
+        f"{report.get('pauses_outside', 0)} of the pauses came from outside jupyter_pause (the "
+        "dashboard, kubectl or a culler setting the Workspace's spec.paused, or the platform "
+        "stopping the pod).",
     ]
     out += ["", "## Per week", ""]
     out.append(

@@ -125,6 +125,7 @@ def _windowed(nb: NotebookSpans, start: float, end: float) -> NotebookSpans:
     nb.absences = absences
     nb.resumes = [r for r in nb.resumes if start <= r.requested <= end]
     nb.pauses = [at for at in nb.pauses if start <= at <= end]
+    nb.pauses_outside = [at for at in nb.pauses_outside if start <= at <= end]
     return nb
 
 
@@ -179,6 +180,8 @@ def build(
         "gpu_notebooks": len(gpu_notebooks),
         # requests, as `jupyter pause timeline` counts them
         "pauses": sum(len(nb.pauses) for nb in notebooks),
+        # of which the platform's own: the dashboard, kubectl, a culler, a SIGTERM
+        "pauses_outside": sum(len(nb.pauses_outside) for nb in notebooks),
         "resumes": len(resumes),
         "pauses_recorded": pauses_recorded,
         "totals": totals,

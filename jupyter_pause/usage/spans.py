@@ -95,6 +95,9 @@ class NotebookSpans:
     #: When each pause was requested (``jupyter pause timeline`` counts these as its pauses;
     #: one the kernel survived counts too, as does a pause of a kernel that held no GPU).
     pauses: list[float] = field(default_factory=list)
+    #: Those asked outside jupyter_pause: the dashboard, kubectl or a culler (``spec.paused``),
+    #: or the platform's own stop of the pod (SIGTERM).
+    pauses_outside: list[float] = field(default_factory=list)
     #: Seconds from each pause request until the GPU was back: what a pause costs in GPU time.
     pause_seconds: list[float] = field(default_factory=list)
     storage_bytes: int = 0
@@ -154,6 +157,8 @@ def notebook_spans(notebook: dict[str, Any], now: float) -> NotebookSpans:
             last_activity = at
         elif kind == "pause_requested":
             result.pauses.append(at)
+            if data.get("origin") in ("outside", "platform"):
+                result.pauses_outside.append(at)
             pause_requested = at
             away_since = last_activity if last_activity is not None else at
         elif kind == "idle_gap":

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from jupyter_pause.cli.main import main as cli_main
+from jupyter_pause.usage import report
 
 from .control_plane import SnapshotAddon
 from .notebooks import RemoteServer
@@ -157,11 +158,17 @@ def test_a_dashboard_pause_is_checkpointed_in_the_hold_comes_back_live_and_is_to
     (restored,) = of_kind(timeline, "state_restored")
     assert written["at"] < stopped["at"] == released["at"] < restored["at"]
     assert (restored["data"]["how"], restored["data"]["token_matched"]) == ("live", True)
-    # And the GPU-hours accounting counts it: one pause, the GPU released while paused
+    # And the GPU-hours accounting counts it: one pause, the GPU released while paused, and
+    # the report (`jupyter pause report`, from the server's usage listing) says from outside
     code, whole = server.request("GET", "/jupyter-pause/timeline/a.ipynb")
     assert code == 200
     assert whole["accounting"]["pauses"] == 1, whole["accounting"]
     assert whole["accounting"]["gpu_seconds_released"] > 0, whole["accounting"]
+    code, listing = server.request("GET", "/jupyter-pause/usage")
+    assert code == 200, listing
+    numbers = report.build(listing, since_seconds=None)
+    assert (numbers["pauses"], numbers["pauses_outside"]) == (1, 1), numbers
+    assert numbers["totals"]["gpu_hours_released"] > 0, numbers["totals"]
 
     # When the notebook is then paused from our button, and this time GKE fails the snapshot
     real_chain.wait(lambda: not real_chain.snapshot_names(), 90, "the add-on to retire it")
