@@ -233,7 +233,7 @@ def test_every_manifest_of_every_mode_is_accepted_and_keeps_every_field(
 #: What a Workspace's account may do in its namespace, per mode: (verb, resource, name) -> allowed.
 #: "own"/"other": its own Workspace (or the add-on's trigger for it) and another's.
 ANY = ""
-VERBS = ("get", "list", "create", "patch", "update", "delete")
+VERBS = ("get", "list", "watch", "create", "patch", "update", "delete")
 TABLE_RESOURCES = (
     ("", "pods", ANY),
     ("kubeflow.org", "workspaces", "own"),
@@ -252,6 +252,7 @@ ALLOWED = {
         ("get", "pods", ANY),
         ("get", "workspaces", "own"),
         ("patch", "workspaces", "own"),
+        ("watch", "workspaces", "own"),  # a pause from outside, seen as it begins
         ("list", "podsnapshotpolicies", ANY),
         ("get", "podsnapshotmanualtriggers", "own"),
         ("get", "podsnapshots", ANY),
@@ -261,6 +262,7 @@ ALLOWED = {
         ("get", "pods", ANY),
         ("get", "workspaces", "own"),
         ("patch", "workspaces", "own"),
+        ("watch", "workspaces", "own"),  # a pause from outside, seen as it begins
         ("list", "podsnapshotpolicies", ANY),
         # triggers by any name: their names are made at the pause (and RBAC cannot limit a
         # create by name at all)
@@ -277,6 +279,7 @@ ALLOWED = {
         ("get", "pods", ANY),
         ("get", "workspaces", "own"),
         ("patch", "workspaces", "own"),
+        ("watch", "workspaces", "own"),  # a pause from outside, seen as it begins
         ("list", "podsnapshotpolicies", ANY),
     },
 }
@@ -316,10 +319,14 @@ def test_a_workspaces_account_may_pause_its_own_workspace_and_no_other(
             namespace, "a", {"metadata": {"annotations": {STATE_ANNOTATION: '{"state": "x"}'}}}
         )
         assert kube.get_workspace(namespace, "a")["metadata"]["annotations"][STATE_ANNOTATION]
-        # but neither pause nor read B (refused by RBAC, before any admission webhook)
+        # and watch it by name (a pause from outside seen as it begins): its state now first
+        ((kind, watched),) = list(kube.watch_workspace(namespace, "a", 1))
+        assert (kind, watched["metadata"]["name"]) == ("ADDED", "a")
+        # but neither pause, read nor watch B (refused by RBAC, before any admission webhook)
         for attempt in (
             lambda: kube.patch_workspace(namespace, "b", {"spec": {"paused": True}}),
             lambda: kube.get_workspace(namespace, "b"),
+            lambda: list(kube.watch_workspace(namespace, "b", 1)),
         ):
             with pytest.raises(KubeError) as refused:
                 attempt()
