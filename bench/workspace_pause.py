@@ -15,7 +15,7 @@ notebook holds ``--mb`` MB of numpy data. Measured, each from the user's side:
   checkpoint);
 * ``gke-workspaces``: the same on a Workspace the real GKE Workspaces add-on snapshots (when
   ``tests/cluster/gke-addon.sh`` can build it);
-* ``gke-workspaces, dashboard``: the same Workspace paused from outside jupyter_pause, as the
+* ``gke-workspaces from the dashboard``: the same Workspace paused from outside jupyter_pause, as the
   Kubeflow dashboard does it (``spec.paused: true``, which the add-on holds): the server
   checkpoints in the add-on's hold, keeping the add-on from its snapshot meanwhile; also
   measured, how long those checkpoints took in the hold, and whether they were done before
@@ -67,7 +67,7 @@ def data_cell(mb: int) -> str:
 
 
 #: The dashboard's pause of a GKE Workspaces workspace: a method of its own, in that mode.
-DASHBOARD = "gke-workspaces, dashboard"
+DASHBOARD = "gke-workspaces from the dashboard"
 
 
 def workspace(chain: RealPlayedCluster, mode: str, folder: Path) -> PlayedWorkspace:
@@ -92,7 +92,7 @@ def resume(chain: RealPlayedCluster, played: PlayedWorkspace, folder: Path) -> N
 def cycle(plane: ControlPlane, method: str, mb: int, folder: Path) -> dict:
     dashboard = method == DASHBOARD
     mode = "gke-workspaces" if dashboard else method
-    with real_played_cluster(plane, folder / mode.replace(", ", "-")) as chain:
+    with real_played_cluster(plane, folder / method.replace(" ", "-")) as chain:
         played = workspace(chain, mode, folder)
         container = chain.running(played, timeout=300)
         first = container.pod_uid
@@ -218,6 +218,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=1024, help="MB of notebook data (default 1024)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--methods",
+        help="a comma-separated subset of raw, sigterm and the modes (default: all), e.g. "
+        "'raw,gke-workspaces,gke-workspaces from the dashboard' for a pause from the "
+        "dashboard against our button's",
+    )
     args = parser.parse_args()
     rounds: list[dict[str, dict]] = []
     with tempfile.TemporaryDirectory(prefix="jp-bench-") as tmp:
@@ -237,12 +243,17 @@ def main() -> None:
             admission.start()
             admission.register()
             methods = ["raw", "sigterm", *MODES]
+            if args.methods:
+                wanted = [m.strip() for m in args.methods.split(",") if m.strip()]
+                unknown = set(wanted) - set(methods)
+                if unknown:
+                    parser.error(f"unknown methods: {sorted(unknown)}; of {methods}")
+                methods = [m for m in methods if m in wanted]
             try:
                 plane.start_snapshot_addon(addon_binary())
             except CannotRun as err:
                 print(f"gke-workspaces skipped: {err}", file=sys.stderr)
-                methods.remove("gke-workspaces")
-                methods.remove(DASHBOARD)
+                methods = [m for m in methods if m not in ("gke-workspaces", DASHBOARD)]
             for number in range(args.rounds):
                 shift = number % len(methods)
                 row: dict[str, dict] = {}
