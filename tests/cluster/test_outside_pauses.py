@@ -244,6 +244,56 @@ def test_a_dashboard_pause_gke_cannot_restore_comes_back_from_the_checkpoint_of_
     assert "paused from outside jupyter_pause" in line, line
 
 
+def test_a_dashboard_pause_whose_snapshot_gke_fails_goes_through_and_comes_back_from_files(
+    gke_addon: SnapshotAddon, real_chain: RealPlayedCluster, tmp_path: Path
+) -> None:
+    # Given a notebook with data in a Workspace the add-on snapshots, and GKE's next snapshot
+    # failing (alone, the add-on would hold the pause for ever, the pod out of its Service:
+    # test_real_chain.py shows it)
+    lab, container, server = enabled_lab(real_chain, tmp_path)
+    first_pod = container.pod_uid
+    _kernel_id, expected = with_data(server)
+    real_chain.fail_next_trigger("the sandbox could not be checkpointed")
+
+    # When it is paused from the dashboard
+    real_chain.set_paused("lab", True)
+
+    # Then, the notebook checkpointed in the hold, the server lets the pause through without a
+    # snapshot, as after its own pause: the pod goes, with its GPU
+    real_chain.wait(
+        lambda: (
+            real_chain.workspace_object("lab")["spec"]["paused"]
+            and real_chain.pod_of("lab") is None
+        ),
+        120,
+        "the pause to go through without a snapshot",
+    )
+    annotations = real_chain.workspace_object("lab")["metadata"]["annotations"]
+    assert annotations[CHECKPOINT_STATE] == "Ready" and LAST_CHECKPOINT not in annotations
+    assert not container.frozen  # its processes stopped with the pod: no snapshot holds them
+    recorded = real_chain.state_annotation("lab")
+    assert (recorded["origin"], recorded["snapshot"]) == ("outside", None), recorded
+    assert "the sandbox could not be checkpointed" in recorded["snapshot_problem"], recorded
+    line = workspace_status(real_chain, tmp_path)
+    assert "lab: paused - Paused from outside jupyter_pause since" in line, line
+    assert "the sandbox could not be checkpointed" in line, line
+
+    # When it is started again from the dashboard
+    real_chain.set_paused("lab", False)
+
+    # Then a cold start restores the checkpoint of the hold, saying who paused it and why there
+    # was no snapshot
+    resumed = real_chain.running(lab, previous_pod=first_pod)
+    server = RemoteServer(resumed.url, lab.jupyter_token)
+    ready = server.wait_state("a.ipynb", "ready", "partial", "failed", timeout=180)
+    assert ready["how"] == "files", ready
+    assert "paused from outside jupyter_pause" in ready["message"].lower(), ready["message"]
+    assert "the sandbox could not be checkpointed" in ready["message"], ready["message"]
+    assert server.run(ready["kernel_id"], CHECKSUM_CELL) == expected
+    (missing,) = of_kind(events(server, "a.ipynb"), "snapshot_missing")
+    assert missing["data"]["checkpoints_first"] is True, missing
+
+
 @pytest.mark.parametrize("hold_seconds", [600.0, 2.0])
 def test_a_checkpoint_slower_than_the_addons_grace_holds_its_snapshot_up_to_the_limit(
     gke_addon: SnapshotAddon, real_chain: RealPlayedCluster, tmp_path: Path, hold_seconds: float

@@ -217,12 +217,13 @@ def test_gpus_held_by_another_team_leave_the_workspace_unschedulable_until_one_f
 
 
 def enabled_workspace(
-    chain: RealPlayedCluster, tmp_path: Path
+    chain: RealPlayedCluster, tmp_path: Path, extra_config: str = ""
 ) -> tuple[PlayedWorkspace, Container, dict[str, Any]]:
-    """A running Workspace the GKE Workspaces add-on snapshots, on a GKE Sandbox node."""
+    """A running Workspace the GKE Workspaces add-on snapshots, on a GKE Sandbox node
+    (``extra_config``: more server settings for its pods)."""
     chain.node("sandbox", gpus=1, sandbox=True)
     kind = chain.workspace_kind(mode="gke-workspaces")
-    lab = chain.workspace("lab", kind, tmp_path / "home", enabled=True)
+    lab = chain.workspace("lab", kind, tmp_path / "home", enabled=True, extra_config=extra_config)
     container = chain.running(lab)  # Ready only once the add-on opened its readiness gate
     pod = chain.pod_of("lab")
     assert pod is not None
@@ -340,11 +341,14 @@ def test_a_pod_without_a_pin_is_restored_from_the_newest_matching_snapshot(
     assert resumed is container
 
 
-def test_a_failed_snapshot_leaves_the_pause_held_and_the_pod_running(
+def test_alone_the_addon_holds_a_pause_whose_snapshot_failed_with_the_pod_running(
     gke_addon: SnapshotAddon, real_chain: RealPlayedCluster, tmp_path: Path
 ) -> None:
-    # Given a running Workspace the add-on snapshots, and GKE's next snapshot failing
-    lab, container, _pod = enabled_workspace(real_chain, tmp_path)
+    # Given a running Workspace the add-on snapshots, its server without jupyter_pause's
+    # workspace backend (nothing follows the add-on: what it does alone), and GKE's next
+    # snapshot failing
+    alone = "c.PauseApp.backend = 'local'\n"
+    lab, container, _pod = enabled_workspace(real_chain, tmp_path, extra_config=alone)
     real_chain.fail_next_trigger("the sandbox could not be checkpointed")
 
     # When it is paused from the Kubeflow side
