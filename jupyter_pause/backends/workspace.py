@@ -131,6 +131,7 @@ class WorkspaceBackend(EnvironmentBackend):
         self.mode = ModeChoice(NO_SNAPSHOTS, NOT_DETECTED)
         self._pausing: SnapshotMode | None = None  # the mode of the pause in flight
         self.watch: WorkspaceWatch | None = None  # what the platform does by itself
+        self._watching: asyncio.Future[None] | None = None  # the watch, once connected
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -169,6 +170,10 @@ class WorkspaceBackend(EnvironmentBackend):
             )
 
     async def close(self) -> None:
+        if self._watching is not None:
+            self._watching.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watching
         if self.watch is not None:
             await self.watch.close()
         if self._connecting is not None and not self._connecting.done():
@@ -307,6 +312,14 @@ class WorkspaceBackend(EnvironmentBackend):
         return epoch((found.get("metadata") or {}).get("creationTimestamp"))
 
     async def watch_platform(
+        self,
+        on_pause: Callable[[PlatformPause], Awaitable[None]],
+        on_moved: Callable[[EnvironmentFacts], Awaitable[None]],
+    ) -> None:
+        # Once the pod has been read, in the background: the server serves meanwhile.
+        self._watching = asyncio.ensure_future(self._watch(on_pause, on_moved))
+
+    async def _watch(
         self,
         on_pause: Callable[[PlatformPause], Awaitable[None]],
         on_moved: Callable[[EnvironmentFacts], Awaitable[None]],
