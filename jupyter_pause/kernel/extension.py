@@ -42,7 +42,7 @@ def load(shell: Any) -> api.Checkpointer:
     shell.configurables.append(checkpointer)  # so `%config Checkpointer.keep_last = 10` works
     # The server's requests: on the shell channel, and on the control channel (answered even
     # while a cell runs: the criu backend pauses those).
-    server_calls.install(getattr(shell, "kernel", None))
+    server_calls.install(getattr(shell, "kernel", None), checkpointer)
     control.install(getattr(shell, "kernel", None))
     setattr(shell, _ATTR, checkpointer)
     api.set_current(checkpointer)

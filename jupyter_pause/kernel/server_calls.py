@@ -8,9 +8,10 @@ as the user's activity (what its culler and the Hub's and Kubeflow's cullers rea
 server's own requests are of a type it tells jupyter-server not to count.
 
 A kernel without the handler yet (the extension not loaded: ``load_in_kernels`` off) is asked
-once the old way: ``call(op, args_json)`` as a *user expression* of a silent execute request,
-which loads the extension and so the handler. Every answer is JSON; failures are answers too
-(``{"ok": false, "error": ...}``), so the server never has to parse a traceback.
+once the old way: ``current.server_call(op, args_json)`` as a *user expression* of a silent
+execute request, which loads the extension and so the handler. Every answer is JSON; failures
+are answers too (``{"ok": false, "error": ...}``), so the server never has to parse a
+traceback. This module imports nothing above it (the extension and ``current`` import it).
 """
 
 from __future__ import annotations
@@ -30,14 +31,15 @@ CALL_MSG_TYPE = "jupyter_pause_call_request"
 CALL_REPLY_MSG_TYPE = "jupyter_pause_call_reply"
 
 #: What the server imports from here (the iopub message type is ``server_link``'s).
-__all__ = ["CALL_MSG_TYPE", "CALL_REPLY_MSG_TYPE", "REQUEST_MSG_TYPE", "call"]
+__all__ = ["CALL_MSG_TYPE", "CALL_REPLY_MSG_TYPE", "REQUEST_MSG_TYPE", "answer"]
 
 
-def install(kernel: Any) -> None:
-    """Answer the server's shell requests in this kernel (a no-op outside a kernel)."""
+def install(kernel: Any, checkpointer: Any) -> None:
+    """Answer the server's shell requests in this kernel, with the extension's ``checkpointer``
+    (a no-op outside a kernel)."""
     handlers = getattr(kernel, "shell_handlers", None)
     if isinstance(handlers, dict):
-        handlers[CALL_MSG_TYPE] = _ShellHandler(kernel)
+        handlers[CALL_MSG_TYPE] = _ShellHandler(kernel, checkpointer)
 
 
 def uninstall(kernel: Any) -> None:
@@ -49,29 +51,17 @@ def uninstall(kernel: Any) -> None:
 class _ShellHandler:
     """ipykernel calls it with (stream, idents, message) between cells, on the main thread."""
 
-    def __init__(self, kernel: Any) -> None:
+    def __init__(self, kernel: Any, checkpointer: Any) -> None:
         self.kernel = kernel
+        self.checkpointer = checkpointer
 
     def __call__(self, stream: Any, idents: Any, request: dict[str, Any]) -> None:
         content = request.get("content") or {}
         try:
-            answer = json.loads(call(str(content.get("op")), json.dumps(content.get("args") or {})))
+            reply = answer(self.checkpointer, str(content.get("op")), content.get("args") or {})
         except Exception as err:  # always answer: the server would wait for its timeout
-            answer = {"ok": False, "error": f"{type(err).__name__}: {err}"}
-        self.kernel.session.send(stream, CALL_REPLY_MSG_TYPE, answer, request, idents)
-
-
-def _checkpointer(key: str | None) -> Any:
-    from IPython import get_ipython
-
-    from .current import current
-    from .extension import load
-
-    shell = get_ipython()
-    checkpointer = load(shell) if shell is not None else current()
-    if key and checkpointer.key != key:
-        checkpointer.set_key(key)  # the server knows the notebook path for certain
-    return checkpointer
+            reply = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+        self.kernel.session.send(stream, CALL_REPLY_MSG_TYPE, reply, request, idents)
 
 
 class _ProgressFile:
@@ -91,28 +81,29 @@ class _ProgressFile:
         os.replace(tmp, self.path)  # no fsync: progress is not worth a disk flush
 
 
-def call(op: str, args_json: str) -> str:
-    """Run one server request; always returns a JSON string."""
+def answer(checkpointer: Any, op: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Run one server request with this kernel's checkpointer; always a JSON-ready answer."""
     from .api import CheckpointError
 
-    args = json.loads(args_json)
     try:
-        checkpointer = _checkpointer(args.get("key"))
-        answer: dict[str, Any] = {"ok": True, "token": process_token(), "pid": os.getpid()}
+        key = args.get("key")
+        if key and checkpointer.key != key:
+            checkpointer.set_key(key)  # the server knows the notebook path for certain
+        reply: dict[str, Any] = {"ok": True, "token": process_token(), "pid": os.getpid()}
         if op == "hello":
             server_link.SERVER_ATTACHED = True
         elif op == "checkpoint":
             checkpointer.store.prepare()
             progress = _ProgressFile(checkpointer.store.path)
             result = checkpointer.checkpoint(reason=args.get("reason", "pause"), progress=progress)
-            answer["result"] = result.to_json()
+            reply["result"] = result.to_json()
         elif op == "restore":
             result = checkpointer.restore(
                 args.get("checkpoint_id"), args.get("names"), announce=False
             )
-            answer["result"] = result.to_json()
+            reply["result"] = result.to_json()
         else:
-            return json.dumps({"ok": False, "error": f"unknown request {op!r}"})
-        return json.dumps(answer)
+            return {"ok": False, "error": f"unknown request {op!r}"}
+        return reply
     except CheckpointError as err:
-        return json.dumps({"ok": False, "error": str(err)})
+        return {"ok": False, "error": str(err)}

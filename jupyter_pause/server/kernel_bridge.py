@@ -87,7 +87,7 @@ class KernelBridge:
         return client
 
     async def call(self, kernel_id: str, op: str, timeout: float, **args: Any) -> dict[str, Any]:
-        """Run ``server_calls.call(op, args)`` in the kernel; returns its JSON answer."""
+        """Run ``server_calls.answer(op, args)`` in the kernel; returns its JSON answer."""
         client = self._client(kernel_id)
         client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
         try:
@@ -107,8 +107,8 @@ class KernelBridge:
         before = getattr(self.kernel_manager.get_kernel(kernel_id), "last_activity", None)
         asked_at = time.time()
         expression = (
-            "__import__('jupyter_pause.kernel.server_calls', fromlist=['call'])"
-            f".call({op!r}, {json.dumps(args)!r})"
+            "__import__('jupyter_pause.kernel.current', fromlist=['server_call'])"
+            f".server_call({op!r}, {json.dumps(args)!r})"
         )
         try:
             msg_id = client.execute(

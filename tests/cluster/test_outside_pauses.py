@@ -449,3 +449,36 @@ def test_a_pause_the_server_never_saw_is_said_and_nothing_of_the_old_pod_is_trus
     ready = server.wait_state("a.ipynb", "ready", "partial", "failed", timeout=180)
     assert (ready["how"], ready["kernel_id"]) == ("live", kernel_id), ready
     assert server.run(kernel_id, CHECKSUM_CELL) == expected
+
+
+def test_past_the_hold_limit_a_cold_start_restores_the_checkpoint_before_and_says_why(
+    gke_addon: SnapshotAddon, real_chain: RealPlayedCluster, tmp_path: Path
+) -> None:
+    # Given a notebook checkpointed once (state A), changed since (state B), whose next
+    # checkpoint takes 6 s, and an admin who lets the server hold the add-on 2 s only
+    config = "c.PauseApp.outside_pause_hold_seconds = 2.0\n"
+    lab, container, server = enabled_lab(real_chain, tmp_path, extra_config=config)
+    first_pod = container.pod_uid
+    kernel_id, before = with_data(server)
+    assert server.request("POST", "/jupyter-pause/checkpoint/a.ipynb")[0] == 200
+    server.run(kernel_id, "data[:10] = -1.0\n" + SLOW_CELL.format(seconds=6))
+    assert server.run(kernel_id, CHECKSUM_CELL) != before
+
+    # When it is paused from the dashboard (the snapshot taken before the checkpoint was
+    # written) and started again where GKE cannot restore that snapshot
+    paused_from_dashboard(real_chain)
+    real_chain.restore_mode = "mismatch"
+    real_chain.set_paused("lab", False)
+
+    # Then a new server restores the last complete checkpoint (state A), and says why: the
+    # pause from outside stopped the pod before every kernel was checkpointed
+    resumed = real_chain.running(lab, previous_pod=first_pod)
+    assert resumed is not container
+    server = RemoteServer(resumed.url, lab.jupyter_token)
+    ready = server.wait_state("a.ipynb", "ready", "partial", "failed", timeout=180)
+    assert ready["how"] == "files", ready
+    message = ready["message"]
+    assert "paused from outside jupyter_pause" in message.lower(), message
+    assert "does not match this pod's spec hash" in message, message
+    assert server.run(ready["kernel_id"], CHECKSUM_CELL) == before
+    print("MESSAGE", message)
