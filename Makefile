@@ -18,7 +18,7 @@ CHROMIUM      ?= /usr/bin/chromium
 # jlpm scripts call `jupyter builder ...`: make the .venv's jupyter the one they find.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup lab watch test browser lint mutants bench docs
+.PHONY: setup lab hub watch test browser lint mutants bench docs
 
 # pip's live progress bars on a terminal only (decided when the recipe runs, on its own
 # stdout): a CI log gets pip's line per package instead.
@@ -55,6 +55,16 @@ $(SETUP_STAMP): pyproject.toml package.json
 
 lab: $(SETUP_STAMP)
 	$(JUPYTER) lab --ServerApp.root_dir=examples $(ALLOW_ROOT) $(LAB_ARGS) examples/demo.ipynb
+
+# A real JupyterHub on this machine (deploy/jupyterhub/jupyterhub_config.py, its demo mode):
+# log in at http://127.0.0.1:8000 with any name and the password "pause"; each user's server
+# (home in hub/home/<name>, the demo notebook in it) runs JupyterLab with jupyter_pause, and a
+# Pause gives the server back to the Hub. HUB_ARGS: more jupyterhub options (e.g. --port=8001).
+HUB_ARGS      ?=
+hub: $(SETUP_STAMP)
+	@mkdir -p hub/home
+	cd hub && JUPYTER_PAUSE_HUB_DEMO=$(CURDIR)/hub JUPYTER_PAUSE_HUB_DEMO_NOTEBOOK=$(CURDIR)/examples/demo.ipynb \
+		$(BIN)/jupyterhub -f $(CURDIR)/deploy/jupyterhub/jupyterhub_config.py $(HUB_ARGS)
 
 # Rebuilds the frontend on every change (with the .venv's jupyter, nothing to activate).
 watch: $(SETUP_STAMP)

@@ -45,7 +45,9 @@ const MODE_NAMES: Record<string, string> = {
   'pod-snapshots':
     'GKE Pod Snapshots (a snapshot of the pod, pinned for the resume)',
   'no-snapshots':
-    'no pod snapshot (the checkpoints only; the resume restores from files)'
+    'no pod snapshot (the checkpoints only; the resume restores from files)',
+  jupyterhub:
+    'the Hub stops this server and its GPU goes back (no memory snapshot: the resume restores from files)'
 };
 
 /**

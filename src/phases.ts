@@ -327,6 +327,10 @@ export function describeEvent(event: ITimelineEvent): string {
       return data.measured
         ? 'GPU released (measured)'
         : 'GPU released back to the pool';
+    case 'server_started':
+      return data.after
+        ? `Server started again (${data.after})`
+        : 'Server started again';
     case 'resume_requested':
       return 'Resume requested';
     case 'waiting_for_resources':

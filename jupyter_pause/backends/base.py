@@ -202,6 +202,18 @@ class PlatformPause:
 class EnvironmentBackend(Backend):
     """A backend whose pause stops the whole environment: the server and every kernel."""
 
+    #: What a pause stops, in the user's words.
+    noun: str = "workspace"
+    #: A new server process restores every paused notebook at once (the user resumed the
+    #: environment to work in it, and its GPU is back). False: each stays paused until resumed
+    #: (JupyterHub: a spawn is a login, not a resume).
+    restores_at_start: bool = True
+    #: Who ends this server with a signal when it is not our pause, for the timeline.
+    stopper: str = "the platform stopped the pod"
+    #: The platform ends this process before it answers ``stop_environment`` (a Hub answers
+    #: once the server has stopped): the stop goes on the timeline when it is asked.
+    ends_before_answering: bool = False
+
     @abc.abstractmethod
     async def snapshot_environment(
         self, on_phase: PhaseCallback, ask: bool = True, paused_in: str = ""

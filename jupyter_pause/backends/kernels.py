@@ -1,7 +1,7 @@
 """The kernel of a notebook in this jupyter-server: find the one running, or start a new one.
 
-Shared by the backends whose kernels run beside the server (``local``, and ``workspace``,
-where the server and its kernels share one pod).
+Shared by the backends whose kernels run beside the server (``local``; ``workspace`` and
+``jupyterhub``, where the server and its kernels pause as one and share its GPUs).
 """
 
 from __future__ import annotations
@@ -9,10 +9,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 import uuid
 from typing import Any
 
-from .base import BackendError, SessionSpec
+from .base import (
+    Allocation,
+    BackendError,
+    QueueCallback,
+    RestoreOutcome,
+    SessionSpec,
+    StopOutcome,
+)
 
 
 async def running_kernel(kernel_manager: Any, session_manager: Any, path: str) -> str | None:
@@ -86,3 +94,35 @@ async def open_session(session_manager: Any, session: SessionSpec, kernel_id: st
         kernel_name=session.kernel_name,
         kernel_id=kernel_id,
     )
+
+
+class ServerKernels:
+    """The kernels of an environment that pauses as a whole (a workspace pod, a JupyterHub
+    server): they run beside the server and see all of its GPUs; none stops on its own."""
+
+    def __init__(self, kernel_manager: Any, session_manager: Any, gpus: int = 0) -> None:
+        self.kernel_manager = kernel_manager
+        self.session_manager = session_manager
+        self.gpus = gpus
+
+    async def stop(self, session: SessionSpec) -> StopOutcome:
+        raise BackendError("this environment pauses as a whole: pause the environment instead")
+
+    async def request_resources(self, session: SessionSpec, on_queued: QueueCallback) -> Allocation:
+        # The environment holds its GPUs; every kernel in it sees them all.
+        return Allocation(
+            gpus=list(range(self.gpus)) if session.gpus else [], granted_at=time.time()
+        )
+
+    async def restore(self, session: SessionSpec, allocation: Allocation) -> RestoreOutcome:
+        existing = await running_kernel(self.kernel_manager, self.session_manager, session.path)
+        if existing is not None:  # the kernel that paused (alive after a live restore) or a new one
+            return RestoreOutcome(existing, live=False, details={"reused_kernel": True})
+        kernel_id = await start_kernel(self.kernel_manager, self.session_manager, session, {})
+        return RestoreOutcome(kernel_id, live=False)
+
+    async def release(self, session: SessionSpec) -> None:
+        return None
+
+    def adopt(self, session: SessionSpec) -> list[int]:
+        return list(range(self.gpus)) if session.gpus else []

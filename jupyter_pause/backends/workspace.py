@@ -31,22 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from .base import (
-    Allocation,
     BackendError,
     EnvironmentBackend,
     EnvironmentFacts,
     PhaseCallback,
     PlatformPause,
-    QueueCallback,
     ResourceStatus,
-    RestoreOutcome,
-    SessionSpec,
     SnapshotInfo,
     SnapshotOutcome,
-    StopOutcome,
 )
 from .gke_workspaces import AddonMode
-from .kernels import running_kernel, start_kernel
+from .kernels import ServerKernels
 from .kube import (
     PIN_ANNOTATION,
     STATE_ANNOTATION,
@@ -110,7 +105,7 @@ def detect(service_account_dir: str, environ: dict[str, str]) -> bool:
     )
 
 
-class WorkspaceBackend(EnvironmentBackend):
+class WorkspaceBackend(ServerKernels, EnvironmentBackend):
     """Kernels in this pod; a pause snapshots the pod and pauses its Kubeflow Workspace."""
 
     name = "workspace"
@@ -118,13 +113,11 @@ class WorkspaceBackend(EnvironmentBackend):
     def __init__(
         self, kernel_manager: Any, session_manager: Any, settings: WorkspaceSettings
     ) -> None:
-        self.kernel_manager = kernel_manager
-        self.session_manager = session_manager
+        super().__init__(kernel_manager, session_manager)
         self.settings = settings
         self.kube: Kube | None = None
         self.pod: dict[str, Any] = {}  # own pod as last read
         self.workspace: str | None = None
-        self.gpus = 0
         self.problem: str | None = None  # why the cluster cannot be used now, named
         self._connecting: asyncio.Future[None] | None = None
         # How a pause snapshots this pod (detected at start, again at each pause).
@@ -191,29 +184,6 @@ class WorkspaceBackend(EnvironmentBackend):
     @property
     def instance(self) -> str:
         return (self.pod.get("metadata") or {}).get("uid", "")
-
-    # -- kernels in the pod -----------------------------------------------------------------------
-    async def stop(self, session: SessionSpec) -> StopOutcome:
-        raise BackendError("a workspace pauses as a whole: pause the environment instead")
-
-    async def request_resources(self, session: SessionSpec, on_queued: QueueCallback) -> Allocation:
-        # The pod holds its GPUs; every kernel in it sees them all.
-        return Allocation(
-            gpus=list(range(self.gpus)) if session.gpus else [], granted_at=time.time()
-        )
-
-    async def restore(self, session: SessionSpec, allocation: Allocation) -> RestoreOutcome:
-        existing = await running_kernel(self.kernel_manager, self.session_manager, session.path)
-        if existing is not None:  # the kernel that paused (alive after a live restore) or a new one
-            return RestoreOutcome(existing, live=False, details={"reused_kernel": True})
-        kernel_id = await start_kernel(self.kernel_manager, self.session_manager, session, {})
-        return RestoreOutcome(kernel_id, live=False)
-
-    async def release(self, session: SessionSpec) -> None:
-        return None
-
-    def adopt(self, session: SessionSpec) -> list[int]:
-        return list(range(self.gpus)) if session.gpus else []
 
     def describe_resources(self) -> ResourceStatus:
         busy = bool(self.kernel_manager.list_kernel_ids())

@@ -23,12 +23,12 @@ from ..backends.local import LocalBackend, detect_gpus
 from ..kernel.autoload import AUTOLOAD_ENV
 from ..kernel.store import default_store_root
 from ..policy import Policy
-from . import metrics
+from . import hub_activity, metrics
 from .kernel_bridge import KernelBridge, untrack_own_messages
 from .orchestrator import Orchestrator
 from .routes import handlers
 
-BACKENDS = ("auto", "local", "workspace", "criu", "kernel-pod")
+BACKENDS = ("auto", "local", "workspace", "criu", "kernel-pod", "jupyterhub")
 
 
 class PauseApp(ExtensionApp):
@@ -52,8 +52,14 @@ class PauseApp(ExtensionApp):
         "gateway-provisioners[k8s]); a pause checkpoints it and deletes the pod (its GPU back to "
         "the scheduler) while the kernel keeps its id, and a resume creates the pod again and "
         "restores the checkpoint; other kernels are stopped and started as 'local' does. "
+        "'jupyterhub': this is a JupyterHub single-user server (KubeSpawner, "
+        "LocalProcessSpawner, SystemdSpawner); a pause checkpoints every kernel and asks the Hub "
+        "to stop this server (its pod or process, and its GPU, go back), with the server's own "
+        "token, which needs the scope delete:servers!server (c.Spawner.server_token_scopes); "
+        "the next spawn shows the notebooks paused, and Resume restores them from files. "
         "'auto': 'workspace' in a pod with a "
-        "service account token and POD_NAME/POD_NAMESPACE from the downward API, else 'local'.",
+        "service account token and POD_NAME/POD_NAMESPACE from the downward API, 'jupyterhub' "
+        "in a server a JupyterHub spawned (JUPYTERHUB_API_TOKEN, _API_URL, _USER), else 'local'.",
     ).tag(config=True)
 
     criu_binary = Unicode(
@@ -104,12 +110,21 @@ class PauseApp(ExtensionApp):
         "it the snapshot goes ahead, and the pause says its checkpoints were not complete.",
     ).tag(config=True)
 
+    hub_culler_timeout_seconds = Float(
+        0.0,
+        help="JupyterHub: the --timeout of the Hub's idle culler (jupyterhub-idle-culler), in "
+        "seconds. Idle kernels are checkpointed at 80% of it, before the culler stops the "
+        "server (as for MappingKernelManager.cull_idle_timeout). 0: no culler is known.",
+    ).tag(config=True)
+
     platform_stop_seconds = Float(
         25.0,
-        help="On SIGTERM (the platform's idle pause, a node drain) the workspace backend "
-        "checkpoints every kernel, and the kernel-pod backend pauses every notebook, within "
-        "this many seconds before the server exits. Keep it under the pod's "
-        "terminationGracePeriodSeconds (Kubernetes' default: 30).",
+        help="On SIGTERM (the platform's idle pause, a node drain; a Hub's spawner: SIGINT "
+        "first) the workspace and jupyterhub backends checkpoint every kernel, and the "
+        "kernel-pod backend pauses every notebook, within this many seconds before the server "
+        "exits. Keep it under the pod's terminationGracePeriodSeconds (Kubernetes' default: "
+        "30; KubeSpawner's delete_grace_period: 1) or LocalProcessSpawner's interrupt_timeout "
+        "(10).",
     ).tag(config=True)
 
     gvisor_checkpoint_file = Unicode(
@@ -276,7 +291,7 @@ class PauseApp(ExtensionApp):
             policy=policy,
             store_root=Path(self.store_root),
             root_dir=serverapp.root_dir,
-            cull_idle_seconds=float(getattr(serverapp.kernel_manager, "cull_idle_timeout", 0) or 0),
+            cull_idle_seconds=self._cull_seconds(serverapp.kernel_manager),
         )
         self.settings["jupyter_pause_orchestrator"] = self.orchestrator
         self.settings["jupyter_pause_prices"] = {
@@ -285,18 +300,28 @@ class PauseApp(ExtensionApp):
         }
         self._collector = metrics.register(self.orchestrator.metrics_snapshot)
         self._warn_about_culling(serverapp.kernel_manager, policy)
-        self._platform_stopping = False
+        self._stop_signal: str | None = None
+        if backend.name == "jupyterhub":
+            # The Hub asks the server's last_activity: only the user's work counts.
+            hub_activity.install(serverapp.web_app, serverapp.kernel_manager)
         if self.orchestrator.environment is not None or backend.pauses_on_server_stop:
-            self._watch_sigterm()
+            self._watch_stop_signals(hub=backend.name == "jupyterhub")
 
     def _backend(self, serverapp: Any) -> tuple[Backend, int]:
         """The configured backend (auto-detected in a pod) and the GPUs it has."""
-        from ..backends import workspace
+        from ..backends import jupyterhub, workspace
 
         name = self.backend
         if name == "auto":
-            found = workspace.detect(self.service_account_dir, dict(os.environ))
-            name = "workspace" if found else "local"
+            if workspace.detect(self.service_account_dir, dict(os.environ)):
+                name = "workspace"
+            else:
+                name = "jupyterhub" if jupyterhub.detect(dict(os.environ)) else "local"
+        if name == "jupyterhub":
+            found = self._hub_backend(serverapp)
+            if found is not None:
+                return found
+            name = "local"
         if name == "criu":
             return self._criu_backend(serverapp)
         if name == "kernel-pod":
@@ -329,6 +354,35 @@ class PauseApp(ExtensionApp):
             "jupyter_pause: workspace backend (pod %s/%s)", settings.namespace, settings.pod_name
         )
         return backend, backend.gpus
+
+    def _hub_backend(self, serverapp: Any) -> tuple[Backend, int] | None:
+        """Under a JupyterHub: give the server back at a pause where its token may stop it
+        (asked of the Hub once, now: a token's scopes are fixed for its spawn)."""
+        from ..backends import jupyterhub
+
+        try:
+            settings = jupyterhub.HubSettings.from_environ(dict(os.environ))
+        except BackendError as err:  # the extension always loads: say why, run locally
+            self.log.error("jupyter_pause: no jupyterhub backend: %s; using 'local'", err)
+            return None
+        gpus = detect_gpus() if self.gpu_count is None else self.gpu_count
+        try:
+            may_stop = jupyterhub.can_stop_own_server(jupyterhub.token_scopes(settings), settings)
+            problem = None if may_stop else jupyterhub.missing_scope_problem(settings)
+        except BackendError as err:
+            # The Hub answers every spawn's first requests; if it is away now, a pause asks it
+            # again and says so if it still cannot be reached.
+            self.log.warning("jupyter_pause: %s; pauses will ask the Hub to stop the server", err)
+            problem = None
+        kernel_manager, session_manager = serverapp.kernel_manager, serverapp.session_manager
+        if problem is not None:
+            self.log.warning("jupyter_pause: %s", problem)
+            fallback = jupyterhub.HubWithoutStop(
+                kernel_manager, session_manager, self.gpu_count, settings, problem
+            )
+            return fallback, fallback.pool.total
+        self.log.info("jupyter_pause: jupyterhub backend (server %s)", settings.server_label)
+        return jupyterhub.HubBackend(kernel_manager, session_manager, settings, gpus), gpus
 
     def _criu_backend(self, serverapp: Any) -> tuple[Backend, int]:
         from ..backends.criu import CriuBackend, CriuSettings
@@ -369,30 +423,49 @@ class PauseApp(ExtensionApp):
         # Each kernel pod asks the scheduler for its GPU: gpus_per_kernel defaults to 1.
         return backend, 1
 
-    def _watch_sigterm(self) -> None:
+    def _watch_stop_signals(self, hub: bool) -> None:
         """Note a SIGTERM (the platform stopping the pod) before jupyter-server stops: its
-        cleanup stops the extensions before the kernels, so ``stop_extension`` can save them."""
-        previous = signal.getsignal(signal.SIGTERM)
+        cleanup stops the extensions before the kernels, so ``stop_extension`` can save them.
+        ``hub``: a JupyterHub's spawner stops its server with SIGINT first (LocalProcessSpawner;
+        jupyterhub-singleuser stops on it as on SIGTERM), so SIGINT is the same stop."""
+        serverapp = self.serverapp
+        assert serverapp is not None
+        for signum in (signal.SIGTERM, signal.SIGINT) if hub else (signal.SIGTERM,):
+            previous = signal.getsignal(signum)
+            if signum == signal.SIGINT:  # not a terminal's confirm-on-Ctrl-C: stop, as the Hub
+                previous = serverapp._signal_stop
 
-        def on_sigterm(signum: int, frame: Any) -> None:
-            self._platform_stopping = True
-            if callable(previous):
-                previous(signum, frame)
+            def on_signal(signum: int, frame: Any, previous: Any = previous) -> None:
+                if self._stop_signal is None:
+                    self._stop_signal = signal.Signals(signum).name
+                if callable(previous):
+                    previous(signum, frame)
 
-        try:
-            signal.signal(signal.SIGTERM, on_sigterm)
-        except ValueError:  # not the main thread (an embedding application): nothing to chain
-            self.log.warning("jupyter_pause: SIGTERM cannot be watched from this thread")
+            try:
+                signal.signal(signum, on_signal)
+            except ValueError:  # not the main thread (an embedding application)
+                self.log.warning("jupyter_pause: stop signals cannot be watched from this thread")
+                return
+
+    def _cull_seconds(self, kernel_manager: Any) -> float:
+        """The soonest culler's timeout (jupyter-server's kernel culler, the Hub's idle
+        culler): idle kernels are checkpointed at 80% of it."""
+        timeouts = [
+            float(getattr(kernel_manager, "cull_idle_timeout", 0) or 0),
+            self.hub_culler_timeout_seconds,
+        ]
+        return min((t for t in timeouts if t > 0), default=0.0)
 
     def _warn_about_culling(self, kernel_manager: Any, policy: Policy) -> None:
-        cull = getattr(kernel_manager, "cull_idle_timeout", 0) or 0
+        cull = self._cull_seconds(kernel_manager)
         if not cull:
             return
         pause = policy.idle_pause_minutes * 60
         if not pause or cull <= pause:
             self.log.warning(
-                "jupyter_pause: MappingKernelManager.cull_idle_timeout (%.0f s) culls idle kernels "
-                "%s; jupyter_pause checkpoints idle kernels at 80%% of that timeout, but changes "
+                "jupyter_pause: a culler (MappingKernelManager.cull_idle_timeout, or the Hub's "
+                "idle culler: PauseApp.hub_culler_timeout_seconds) stops idle kernels after "
+                "%.0f s %s; jupyter_pause checkpoints idle kernels at 80%% of that timeout, but changes "
                 "made after that checkpoint are lost. Set PauseApp.idle_pause_minutes below %.0f "
                 "so idle notebooks are paused first, or turn culling off.",
                 cull,
@@ -412,6 +485,6 @@ class PauseApp(ExtensionApp):
         if getattr(self, "_collector", None) is not None:
             metrics.unregister(self._collector)
             self._collector = None
-        if getattr(self, "_platform_stopping", False):
-            await self.orchestrator.platform_stop(self.platform_stop_seconds)
+        if getattr(self, "_stop_signal", None):
+            await self.orchestrator.platform_stop(self.platform_stop_seconds, self._stop_signal)
         await self.orchestrator.stop()

@@ -156,7 +156,9 @@ class Environment:
         """Pause the whole environment because of ``path`` (its ``record``: that of the
         notebook whose kernel it uses); returns at once, follow the states."""
         if self._pause_on():
-            raise Conflict(f"Cannot pause {path}: the whole workspace is already pausing or paused")
+            raise Conflict(
+                f"Cannot pause {path}: the whole {self.backend.noun} is already pausing or paused"
+            )
         running = self.running()
         async with contextlib.AsyncExitStack() as locks:
             for each in running:
@@ -165,7 +167,7 @@ class Environment:
                 self.sessions.require_running(record, "pause")
             for each in running:
                 self.checkpoints.refuse_if_waiting(each, "pause")
-                self.sessions.require_running(each, "pause the workspace with")
+                self.sessions.require_running(each, f"pause the {self.backend.noun} with")
             for each in running:
                 await self.checkpoints.wait_idle(each, "pause")
             self._begin(running, reason, origin, scope={"by": path})
@@ -224,7 +226,7 @@ class Environment:
                 facts = await self.backend.environment_facts()
             except BackendError as err:
                 if not outside:
-                    await self._abort(running, f"the workspace cannot be paused: {err}")
+                    await self._abort(running, f"the {self.backend.noun} cannot be paused: {err}")
                     return
             tokens: dict[str, str | None] = {}  # of each kernel, from its pause checkpoint
             unsaved: dict[str, str] = {}
@@ -303,15 +305,27 @@ class Environment:
             await self.sessions.writer.flush()
             if outcome.name:  # retention: older snapshots go before the pod does
                 await self.expire_snapshots()
+            # Paused before the stop is asked: the platform may end this process before it
+            # answers (a Hub stops the server, then says so), and that end is this pause's.
+            self.paused_here = state
+            stops_first = self.backend.ends_before_answering
+            if stops_first:
+                self._stopped(running, outcome)
+                for record in running:
+                    self.sessions.save(record)
+                await self.sessions.writer.flush()
             try:
                 await self.backend.stop_environment(state)
             except BackendError as err:
                 if not outside:
-                    await self._abort(running, f"the workspace could not be paused: {err}")
+                    self.paused_here = None
+                    await self._abort(
+                        running, f"the {self.backend.noun} could not be paused: {err}"
+                    )
                     return
                 log.warning("jupyter_pause: the outside pause could not be recorded: %s", err)
-            self.paused_here = state
-            self._stopped(running, outcome)
+            if not stops_first:
+                self._stopped(running, outcome)
         except Exception as err:  # a bug must leave the sessions running, and say so
             log.exception("jupyter_pause: the workspace pause failed")
             await self._abort(running, f"unexpected error ({type(err).__name__}: {err})")
@@ -458,7 +472,8 @@ class Environment:
             self.sessions.set(
                 record,
                 "paused",
-                f"Paused{by} since {when} with the whole workspace ({saved} saved; {snapshot})."
+                f"Paused{by} since {when} with the whole {self.backend.noun} ({saved} saved; "
+                f"{snapshot})."
                 + (f" Not checkpointed at this pause: {missing}." if missing else ""),
                 progress=None,
                 gpus=[],
@@ -546,7 +561,9 @@ class Environment:
         paths = list(disk.get("notebooks") or []) if disk.get("state") == "paused" else []
         paths += [p for p in self.sessions.interrupted if p not in paths]
         paths = [p for p in paths if p in self.sessions.records]
-        if not paths:
+        if not paths or not self.backend.restores_at_start:
+            if paths:
+                self._paused_at_start(paths, disk)
             if disk.get("state") == "paused":
                 await self.file.write({**disk, "state": "running"})
             return
@@ -559,6 +576,38 @@ class Environment:
         note = "cold start: " + cold_start_reason(disk, facts, error)
         log.warning("jupyter_pause: %s", note)
         self.restoring = asyncio.create_task(self.restore_all(paths, False, note, facts, None))
+
+    def _paused_at_start(self, paths: list[str], disk: dict[str, Any]) -> None:
+        """A new server whose paused notebooks wait for the user's Resume: each says how its
+        server ended and what a resume restores (from files, saved when)."""
+        ended = time.strftime("%H:%M", time.localtime(float(disk.get("paused_at") or 0)))
+        if disk.get("state") != "paused":
+            how = f"{self.backend.stopper}, without a pause, while it ran"
+            said = f"Paused: {how}"
+        elif disk.get("origin") == "platform":
+            how = f"{self.backend.stopper} at {ended}"
+            said = f"Paused: {how}"
+        else:
+            reason = disk.get("reason") or ""
+            how = (
+                f"paused at {ended}"
+                + ("" if reason in ("", "user") else f" ({reason})")
+                + f"; the {self.backend.noun} was stopped"
+            )
+            said = how[0].upper() + how[1:]
+        for path in paths:
+            record = self.sessions.records[path]
+            record.timeline.add("server_started", after=how)
+            checkpoint = record.checkpoint
+            restores = (
+                "Resume restores it from files: checkpoint "
+                f"{checkpoint['id']} from "
+                f"{time.strftime('%H:%M', time.localtime(checkpoint['created']))} "
+                f"({format_bytes(int(checkpoint.get('bytes', 0)))})."
+                if checkpoint
+                else "No checkpoint was written: a resume starts an empty kernel."
+            )
+            self.sessions.set(record, "paused", f"{said}. {restores}", progress=None)
 
     async def moved_unseen(self, facts: EnvironmentFacts) -> None:
         """This process runs in another pod, and no pause of this server's went with it: the
@@ -654,8 +703,11 @@ class Environment:
         return {"deleted": deleted, "problem": None}
 
     # -- the platform's own stop ------------------------------------------------------------------
-    async def platform_stop(self, budget: float = PLATFORM_BUDGET_SECONDS) -> None:
-        """SIGTERM: checkpoint every running kernel within ``budget`` seconds, then let go."""
+    async def platform_stop(
+        self, budget: float = PLATFORM_BUDGET_SECONDS, signal_name: str = "SIGTERM"
+    ) -> None:
+        """SIGTERM (a Hub's spawner: SIGINT first): checkpoint every running kernel within
+        ``budget`` seconds, then let go."""
         if self.paused_here is not None:
             return  # our own pause: the pod goes away as planned
         deadline = time.monotonic() + budget
@@ -669,13 +721,10 @@ class Environment:
         if not running:
             return
         started = time.time()
-        reason, origin, who = (
-            "the platform stopped the pod (SIGTERM)",
-            "platform",
-            "by the platform",
-        )
+        stopper = self.backend.stopper
+        reason, origin, who = f"{stopper} ({signal_name})", "platform", f"as {stopper}"
         if self.outside_asked_at is not None:  # the watch saw who: a pause from outside
-            reason, origin = f"{OUTSIDE_REASON}; the pod was stopped (SIGTERM)", OUTSIDE
+            reason, origin = f"{OUTSIDE_REASON}; the pod was stopped ({signal_name})", OUTSIDE
             who = "from outside jupyter_pause"
         for record in running:
             record.timeline.add("last_activity", at=record.activity.last_activity or record.started)
@@ -696,14 +745,14 @@ class Environment:
             self.sessions.set(
                 record,
                 "paused",
-                f"Paused {who} at {when} (SIGTERM)"
+                f"Paused {who} at {when} ({signal_name})"
                 + ("." if not failed else f"; the latest state {why}.{intact}"),
                 progress=None,
                 gpus=[],
             )
         for job in late:
             job.cancel()
-        none = SnapshotOutcome(None, "the platform stopped the pod (SIGTERM)")
+        none = SnapshotOutcome(None, f"{stopper} ({signal_name})")
         state = pause_state(
             self.token, running, reason, origin, "", none, secrets.token_hex(8), started
         )
@@ -711,7 +760,8 @@ class Environment:
         await self.file.write(state)
         await self.sessions.writer.flush()
         log.warning(
-            "jupyter_pause: SIGTERM: %d notebook(s) checkpointed in %.2f s (budget %.0f s)",
+            "jupyter_pause: %s: %d notebook(s) checkpointed in %.2f s (budget %.0f s)",
+            signal_name,
             len(done),
             time.time() - started,
             budget,

@@ -148,12 +148,12 @@ class Orchestrator:
             await self.environment.on_start()
         self._monitor = asyncio.create_task(self._monitor_loop(monitor_interval))
 
-    async def platform_stop(self, budget: float) -> None:
+    async def platform_stop(self, budget: float, signal_name: str = "SIGTERM") -> None:
         """The platform is stopping this server (SIGTERM): save every kernel first. In a
         workspace pod, every kernel is checkpointed with the workspace; with kernel pods, each
         notebook is paused (its pod and GPU go), to resume from files once the server is back."""
         if self.environment is not None:
-            await self.environment.platform_stop(budget)
+            await self.environment.platform_stop(budget, signal_name)
         elif self.backend.pauses_on_server_stop:
             paused = await self.pauses.pause_all("the server is stopping (SIGTERM)", budget)
             log.warning("jupyter_pause: SIGTERM: %d notebook(s) paused", len(paused))

@@ -89,6 +89,19 @@ describe('usesGpus', () => {
 });
 
 describe('describeEvent', () => {
+  it('says how the server before this one ended (a JupyterHub server stopped)', () => {
+    expect(
+      describeEvent(
+        ev('server_started', 1, {
+          after: 'paused at 18:02; the server was stopped'
+        })
+      )
+    ).toBe('Server started again (paused at 18:02; the server was stopped)');
+    expect(describeEvent(ev('server_started', 1, {}))).toBe(
+      'Server started again'
+    );
+  });
+
   it('says where a resume waits in line, and why', () => {
     expect(
       describeEvent(

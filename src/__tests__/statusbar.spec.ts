@@ -144,6 +144,9 @@ describe('backendMode', () => {
     expect(backendMode(statusOf({ mode: 'gke-workspaces' }), trans)).toBe(
       'A pause here: GKE Workspaces (the snapshot add-on snapshots the pod).'
     );
+    expect(backendMode(statusOf({ mode: 'jupyterhub' }), trans)).toBe(
+      'A pause here: the Hub stops this server and its GPU goes back (no memory snapshot: the resume restores from files).'
+    );
   });
 
   it('is null on a backend without modes', () => {
