@@ -191,7 +191,6 @@ class HubBackend(ServerKernels, EnvironmentBackend):
         super().__init__(kernel_manager, session_manager, gpus)
         self.settings = settings
         self.started_at = time.time()
-        self.stop_asked_at: float | None = None  # this server's own stop request, when sent
 
     def describe_resources(self) -> ResourceStatus:
         return ResourceStatus(
@@ -221,7 +220,6 @@ class HubBackend(ServerKernels, EnvironmentBackend):
         """Ask the Hub to stop this server. The Hub answers once the spawner has stopped it
         (or after its slow_stop_timeout): this process is usually ended before the answer
         comes, which the orchestrator expects (the pause is recorded before the request)."""
-        self.stop_asked_at = time.time()
         # The Hub answers after the spawner's stop (KubeSpawner: the pod deleted) or its
         # slow_stop_timeout (10 s by default): wait well past that.
         status, body = await hub_request_async(
@@ -229,9 +227,9 @@ class HubBackend(ServerKernels, EnvironmentBackend):
         )
         if status in (202, 204):
             return
-        message = (body or {}).get("message") if isinstance(body, dict) else None
         if status == 403:
             raise BackendError(missing_scope_problem(self.settings))
+        message = body.get("message") if isinstance(body, dict) else None
         raise BackendError(
             f"the Hub refused to stop this server (HTTP {status}: {message or 'no reason given'})"
         )

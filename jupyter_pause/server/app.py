@@ -365,7 +365,6 @@ class PauseApp(ExtensionApp):
         except BackendError as err:  # the extension always loads: say why, run locally
             self.log.error("jupyter_pause: no jupyterhub backend: %s; using 'local'", err)
             return None
-        gpus = detect_gpus() if self.gpu_count is None else self.gpu_count
         try:
             may_stop = jupyterhub.can_stop_own_server(jupyterhub.token_scopes(settings), settings)
             problem = None if may_stop else jupyterhub.missing_scope_problem(settings)
@@ -382,6 +381,7 @@ class PauseApp(ExtensionApp):
             )
             return fallback, fallback.pool.total
         self.log.info("jupyter_pause: jupyterhub backend (server %s)", settings.server_label)
+        gpus = detect_gpus() if self.gpu_count is None else self.gpu_count
         return jupyterhub.HubBackend(kernel_manager, session_manager, settings, gpus), gpus
 
     def _criu_backend(self, serverapp: Any) -> tuple[Backend, int]:
@@ -431,9 +431,10 @@ class PauseApp(ExtensionApp):
         serverapp = self.serverapp
         assert serverapp is not None
         for signum in (signal.SIGTERM, signal.SIGINT) if hub else (signal.SIGTERM,):
-            previous = signal.getsignal(signum)
-            if signum == signal.SIGINT:  # not a terminal's confirm-on-Ctrl-C: stop, as the Hub
-                previous = serverapp._signal_stop
+            # SIGINT: not a terminal's confirm-on-Ctrl-C, but a stop, as the Hub means it
+            previous = (
+                serverapp._signal_stop if signum == signal.SIGINT else signal.getsignal(signum)
+            )
 
             def on_signal(signum: int, frame: Any, previous: Any = previous) -> None:
                 if self._stop_signal is None:
