@@ -376,16 +376,17 @@ async def test_idle_kernels_are_checkpointed_before_the_culler_kills_them(server
     assert len(listing["checkpoints"]) == 1
 
 
+@pytest.mark.parametrize(
+    "culler",
+    ["--MappingKernelManager.cull_idle_timeout=600", "--PauseApp.hub_culler_timeout_seconds=600"],
+)
 def test_culling_before_the_pause_policy_is_warned_about(
-    jp_configurable_serverapp: Any, capfd: pytest.CaptureFixture[str]
+    jp_configurable_serverapp: Any, capfd: pytest.CaptureFixture[str], culler: str
 ) -> None:
-    jp_configurable_serverapp(
-        argv=["--MappingKernelManager.cull_idle_timeout=600", "--PauseApp.idle_pause_minutes=60"]
-    )
+    jp_configurable_serverapp(argv=[culler, "--PauseApp.idle_pause_minutes=60"])
     warning = capfd.readouterr().err
-    assert "cull_idle_timeout (600 s) culls idle kernels before the pause policy (3600 s)" in (
-        warning
-    )
+    assert "stops idle kernels after 600 s before the pause policy (3600 s)" in warning
+    assert "Set PauseApp.idle_pause_minutes below 10 " in warning
 
 
 async def test_a_renamed_notebook_keeps_its_gpu_and_gives_it_back(server: Server) -> None:
