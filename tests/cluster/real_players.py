@@ -114,9 +114,22 @@ IMAGE_PORT = 8888
 #: it runs its container's command, with the image's files where gateway's kernel images have
 #: them (``KERNEL_IMAGE_FILES``) and its ``python`` this interpreter.
 KERNEL_IMAGE = "jupyter-pause-kernel"
+# deploy/jupyterhub/values.yaml's single-user image: jupyterhub-singleuser with jupyter_pause
+SINGLEUSER_IMAGE = "jupyter-pause-singleuser"
 SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 _numbers = itertools.count(1)
+_pod_addresses = itertools.count(0)  # a single-user pod's own loopback address (pod_ip)
+
+
+def pod_ip(pod: dict[str, Any]) -> str:
+    """The pod's status.podIP: a single-user pod (Hub-spawned, reached by the Hub and its proxy
+    at its own IP and port 8888) gets a loopback address of its own, as a pod network would
+    give it; the other pods share this machine's (they are reached at their own ports)."""
+    if not any(SINGLEUSER_IMAGE in c["image"] for c in pod["spec"]["containers"]):
+        return "127.0.0.1"
+    number = next(_pod_addresses)
+    return f"127.0.{1 + number // 250}.{2 + number % 250}"
 
 
 def now_rfc3339() -> str:
@@ -1202,6 +1215,7 @@ class KubeletPod:
     node: str
     workspace: str | None = None  # its notebooks.kubeflow.org/workspace-name label
     phase: str = "new"  # new, starting, pulling, running, backoff, ended, stopping, gone
+    ip: str = "127.0.0.1"  # status.podIP: a single-user pod has one of its own (pod_ip)
     container: Container | None = None
     restarts: int = 0
     retry_at: float = 0.0  # pulling / backoff: when to try again
@@ -1543,6 +1557,7 @@ class RealPlayedCluster:
                         known = self.pods[uid] = KubeletPod(
                             pod["metadata"]["namespace"], pod["metadata"]["name"], uid, node,
                             (pod["metadata"].get("labels") or {}).get(WORKSPACE_LABEL),
+                            ip=pod_ip(pod),
                         )  # fmt: skip
                 if pod["metadata"].get("deletionTimestamp"):
                     if known.phase not in ("stopping", "gone"):
@@ -1652,7 +1667,7 @@ class RealPlayedCluster:
             raise AssertionError(f"pod {known.name}: the played kubelet runs one container only")
         image = containers[0]["image"]
         started_at = (pod.get("status") or {}).get("startTime") or now_rfc3339()
-        base = {"hostIP": "127.0.0.1", "podIP": "127.0.0.1", "startTime": started_at}
+        base = {"hostIP": "127.0.0.1", "podIP": known.ip, "startTime": started_at}
 
         def waiting(reason: str, message: str = "") -> Callable[[dict], dict]:
             state = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
@@ -1823,7 +1838,7 @@ class RealPlayedCluster:
             "metadata.uid": pod["metadata"]["uid"],
             "spec.nodeName": pod["spec"].get("nodeName", ""),
             "spec.serviceAccountName": pod["spec"].get("serviceAccountName", ""),
-            "status.podIP": "127.0.0.1",
+            "status.podIP": self.pods[pod["metadata"]["uid"]].ip,
             "status.hostIP": "127.0.0.1",
         }
         namespace = pod["metadata"]["namespace"]
@@ -1885,6 +1900,17 @@ class RealPlayedCluster:
                     (local / key).write_text(text)
             elif "emptyDir" in volume:
                 local.mkdir(parents=True, exist_ok=True)
+            elif "secret" in volume and not mount["mountPath"].startswith(SERVICE_ACCOUNT_MOUNT):
+                import base64
+
+                found = self.api.get(core(namespace, "secrets", volume["secret"]["secretName"]))
+                if found is None:
+                    continue
+                data = {k: base64.b64decode(v) for k, v in (found.get("data") or {}).items()}
+                items = volume["secret"].get("items") or [{"key": k, "path": k} for k in data]
+                local.mkdir(parents=True, exist_ok=True)
+                for item in items:
+                    (local / item["path"]).write_bytes(data[item["key"]])
             else:
                 continue  # secrets, projected tokens...: the service account's is done apart
             if mount.get("subPath"):
@@ -1921,6 +1947,10 @@ class RealPlayedCluster:
         }  # fmt: skip
         if KERNEL_IMAGE in spec["image"]:
             return self._run_command(known, spec, workdir, log, {**base_env, **env_pod})
+        if SINGLEUSER_IMAGE in spec["image"]:
+            return self._run_singleuser(
+                known, pod["spec"], workdir, log, mounts, {**base_env, **env_pod}
+            )
         if JUPYTER_IMAGE not in spec["image"]:
             with open(log, "wb") as out:
                 process = subprocess.Popen(
@@ -2017,6 +2047,55 @@ class RealPlayedCluster:
             assert pod_end is not None
             self._work(f"gvisor-{known.name}", self._gvisor_agent, container, agent_end, pod_end)
         return container
+
+    def _run_singleuser(
+        self, known: KubeletPod, pod_spec: dict[str, Any], workdir: Path, log: Path,
+        mounts: dict[str, Path], env: dict[str, str],
+    ) -> Container:  # fmt: skip
+        """The single-user image's container (docker-stacks with jupyter_pause): its command
+        run here as the pod would see it. What a pod's own namespaces give it is translated:
+        a path under a mount is the mounted folder, the image's HOME its home volume (else a
+        folder of the container's own), the image's /etc/jupyter its mounted files (a system
+        config path), and 0.0.0.0 the pod's own address (pod_ip)."""
+        spec = pod_spec["containers"][0]
+        root = workdir / "root"
+        home = mounts.get(IMAGE_HOME, root / IMAGE_HOME.lstrip("/"))
+        home.mkdir(parents=True, exist_ok=True)
+        etc = root / "etc" / "jupyter"
+        etc.mkdir(parents=True)
+        for path, local in mounts.items():
+            if path.startswith("/etc/jupyter/"):
+                target = root / path.lstrip("/")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(local, target)
+        places = sorted({**mounts, IMAGE_HOME: home}.items(), key=lambda m: -len(m[0]))
+
+        def local(text: str) -> str:
+            for path, folder in places:
+                if text == path or text.startswith(path.rstrip("/") + "/"):
+                    return str(folder) + text[len(path.rstrip("/")) :]
+            return text.replace("//0.0.0.0:", f"//{known.ip}:")
+
+        env = {name: local(value) for name, value in env.items()}
+        env.update(HOME=str(home), JUPYTER_CONFIG_PATH=str(etc))
+        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # the image's
+        argv = [local(a) for a in [*(spec.get("command") or []), *(spec.get("args") or [])]]
+        assert argv, f"pod {known.name}: the single-user image runs its command (KubeSpawner.cmd)"
+        cwd = Path(local(spec.get("workingDir") or IMAGE_HOME))
+        if os.geteuid() == 0:
+            # A real pod runs as the image's user (the chart's uid 1000); here the container
+            # runs as this machine's user, root, whose Python lives in root's home: a played
+            # config path, first, lets jupyter-server run as root.
+            played = root / "played-config"
+            played.mkdir()
+            (played / "jupyter_server_config.py").write_text("c.ServerApp.allow_root = True\n")
+            env["JUPYTER_CONFIG_PATH"] = os.pathsep.join((str(played), str(etc)))
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
+            )
+        return Container(known.uid, process, IMAGE_PORT, "", workdir, log, namespace=known.namespace,
+                         pod_name=known.name, image=spec["image"], pids=[process.pid])  # fmt: skip
 
     def kernel_image_files(self) -> dict[str, Path]:
         """Where the played kernel image has gateway-provisioners' launchers, assembled as its
