@@ -23,7 +23,7 @@ from ..hub_process import Hub
 from .control_plane import GPU, wait_until
 from .notebooks import RemoteServer
 from .real_players import RealPlayedCluster
-from .z2jh_hub import start_z2jh_hub, user_pod, wait_pod_gone
+from .z2jh_hub import merged, start_z2jh_hub, user_pod, wait_pod_gone
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -122,3 +122,82 @@ def test_a_pause_deletes_the_pod_frees_its_gpu_and_the_next_spawn_restores_from_
     code, listing = alice.request("GET", "/jupyter-pause/usage")
     assert code == 200, listing
     assert report.build(listing, since_seconds=None)["pauses"] == 1
+
+
+def test_the_culler_with_kubespawners_1_s_grace_loses_nothing_the_checkpoint_before_it_held(
+    real_chain: RealPlayedCluster, z2jh
+) -> None:
+    # Given the culler at 40 s (checked every 5 s), jupyter_pause told so, the Hub's activity
+    # read every 5 s (the chart's 60 s and the server's 300 s, scaled to the timeout), and
+    # KubeSpawner's default 1 s of grace: the pod's SIGTERM is no time to checkpoint in
+    real_chain.node(gpus=1)
+    values = merged(
+        pause_settings(hub_culler_timeout_seconds=40, monitor_interval_seconds=1),
+        {
+            "cull": {"timeout": 40, "every": 5},
+            "hub": {
+                "config": {
+                    "KubeSpawner": {"delete_grace_period": 1},
+                    "JupyterHub": {"last_activity_interval": 5},
+                }
+            },
+            "singleuser": {"extraEnv": {"JUPYTERHUB_ACTIVITY_INTERVAL": "5"}},
+        },
+    )
+    hub = z2jh(values)
+    alice = spawn(hub, "alice")
+    path = notebook(alice)
+    kernel = alice.open_notebook(path)
+    alice.run(kernel, "x = 42")
+
+    # Then the culler stops the idle server: KubeSpawner deletes the pod with 1 s of grace
+    wait_pod_gone(real_chain, "alice", timeout=120)
+    hub.wait_stopped("alice")
+
+    # When alice comes back: the checkpoint taken before the cull restores everything
+    alice = spawn(hub, "alice")
+    paused = alice.session(path)
+    assert paused["state"] == "paused", paused
+    assert "Resume restores it from files" in paused["message"], paused["message"]
+    code, _ = alice.request("POST", f"/jupyter-pause/resume/{path}")
+    assert code == 202
+    ready = alice.wait_state(path, "ready", "partial", "failed")
+    assert (ready["state"], ready["how"]) == ("ready", "files"), ready
+    assert alice.run(alice.session(path)["kernel_id"], "print(x)").strip() == "42"
+    code, timeline = alice.request("GET", f"/jupyter-pause/timeline/{path}")
+    reasons = [
+        e["data"].get("reason") for e in timeline["events"] if e["kind"] == "checkpoint_written"
+    ]
+    assert reasons[:1] == ["before-cull"], timeline["events"]
+
+
+def test_an_admin_stop_with_the_shipped_grace_checkpoints_the_latest_state_on_sigterm(
+    real_chain: RealPlayedCluster, z2jh
+) -> None:
+    # Given the shipped values: delete_grace_period 30 s, platform_stop_seconds 25 s
+    real_chain.node(gpus=1)
+    hub = z2jh({})
+    alice = spawn(hub, "alice")
+    path = notebook(alice)
+    kernel = alice.open_notebook(path)
+    alice.run(kernel, "x = 42")
+    assert alice.request("POST", f"/jupyter-pause/checkpoint/{path}")[0] == 200
+    alice.run(kernel, "x = 43\nlate = 'saved at the stop'")
+
+    # When an admin stops the server (the Hub's admin page: its REST API)
+    code, _ = hub.request("DELETE", "/users/alice/server")
+    assert code in (202, 204)
+    wait_pod_gone(real_chain, "alice")
+    hub.wait_stopped("alice")
+
+    # Then the pod's SIGTERM checkpointed the latest state, and the next spawn says so
+    alice = spawn(hub, "alice")
+    paused = alice.session(path)
+    assert paused["state"] == "paused", paused
+    assert "the Hub stopped this server" in paused["message"], paused["message"]
+    assert "checkpoint 2 from" in paused["message"], paused["message"]
+    code, _ = alice.request("POST", f"/jupyter-pause/resume/{path}")
+    assert code == 202
+    assert alice.wait_state(path, "ready", "partial", "failed")["state"] == "ready"
+    kernel = alice.session(path)["kernel_id"]
+    assert alice.run(kernel, "print(x, late)").split() == ["43", "saved", "at", "the", "stop"]
