@@ -105,6 +105,8 @@ test: $(SETUP_STAMP) browser
 		if [ -f server.log ]; then echo "--- the last 80 lines of the server log, ui-tests/server.log:"; tail -n 80 server.log; fi; exit 1; }; }'; \
 	stage ui-tests-kernel-pods sh -c 'cd ui-tests && rm -f server-kernel-pods.log && { CHROMIUM_PATH=$(CHROMIUM) $(JLPM) playwright test -c playwright-kernel-pods.config.js || { \
 		if [ -f server-kernel-pods.log ]; then echo "--- the last 80 lines of the server log, ui-tests/server-kernel-pods.log:"; tail -n 80 server-kernel-pods.log; fi; exit 1; }; }'; \
+	stage ui-tests-hub sh -c 'cd ui-tests && rm -f server-hub.log && { CHROMIUM_PATH=$(CHROMIUM) $(JLPM) playwright test -c playwright-hub.config.js || { \
+		if [ -f server-hub.log ]; then echo "--- the last 80 lines of the server log, ui-tests/server-hub.log:"; tail -n 80 server-hub.log; fi; exit 1; }; }'; \
 	stage pytest $(BIN)/pytest -p no:cacheprovider -rfEs; \
 	if [ -s $$errors ]; then printf "\nwhat failed:\n"; cat $$errors; fi; \
 	rm -f $$log $$log.rc $$log.plain $$errors; \

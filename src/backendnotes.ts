@@ -95,3 +95,30 @@ export function withBackendNotes(
   ].filter((note): note is string => note !== null);
   return notes.length ? `${tooltip}\n\n${notes.join('\n')}` : tooltip;
 }
+
+/**
+ * What the pause confirmation says a pause of `path` does on this server's
+ * backend: under JupyterHub the whole server stops, with every notebook in it.
+ *
+ * @param path The notebook's path.
+ * @param status The server's status (`GET /jupyter-pause/status`).
+ * @param trans The translation bundle.
+ * @returns The sentence.
+ */
+export function pauseConsequence(
+  path: string,
+  status: IStatus | null,
+  trans: TranslationBundle
+): string {
+  const details = status?.resources?.details ?? {};
+  if (details['mode'] === 'jupyterhub') {
+    return trans.__(
+      'The state of %1 and of every other notebook running in this server is saved to disk, then the Hub stops the whole server and its GPU goes back. Start your server again from the Hub (Home, Start My Server) and Resume brings the variables back.',
+      path
+    );
+  }
+  return trans.__(
+    'The state of %1 is saved to disk, its kernel is stopped and its GPU released for others. Resume brings the variables back.',
+    path
+  );
+}

@@ -10,6 +10,7 @@ import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { TranslationBundle } from '@jupyterlab/translation';
 
 import { errorMessage } from './api';
+import { pauseConsequence } from './backendnotes';
 import { pauseIcon, resumeIcon, timelineIcon } from './icons';
 import { NotebookPauseModel, PauseManager } from './model';
 import { TimelinePanel } from './timeline';
@@ -104,10 +105,7 @@ export function addCommands(
     if (manager.settings.confirmBeforePause) {
       const answer = await showDialog({
         title: trans.__('Pause this notebook?'),
-        body: trans.__(
-          'The state of %1 is saved to disk, its kernel is stopped and its GPU released for others. Resume brings the variables back.',
-          model.path
-        ),
+        body: pauseConsequence(model.path, manager.status, trans),
         buttons: [
           Dialog.cancelButton({ label: trans.__('Cancel') }),
           Dialog.okButton({

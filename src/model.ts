@@ -335,8 +335,13 @@ export class NotebookPauseModel implements IDisposable {
     } catch (error) {
       if (error instanceof ServerConnection.NetworkError) {
         this.manager.markUnreachable();
-        this._changed.emit(undefined);
+      } else {
+        // An error page instead of an answer: a Hub answers for a server it has stopped
+        // (424, 503) and a proxy for a pod that is gone (502). The status tells those
+        // apart from an answer of ours.
+        await this.manager.checkServer();
       }
+      this._changed.emit(undefined);
       throw error; // the poll backs off
     }
     const first = !this._loaded;

@@ -340,6 +340,15 @@ function unrestoredView(
   };
 }
 
+/**
+ * The states of a pause under way or done: the server may go away after them.
+ */
+const PAUSE_FLOW: ReadonlySet<string> = new Set([
+  'checkpointing',
+  'pausing',
+  'paused'
+]);
+
 function baseView(
   session: ISession | null,
   server: ServerAvailability,
@@ -354,6 +363,19 @@ function baseView(
       tone: 'warning',
       tooltip: trans.__(
         'The jupyter_pause server extension is not installed or not enabled (GET /jupyter-pause/status answered 404). Ask your administrator to run `jupyter server extension enable jupyter_pause`.'
+      )
+    };
+  }
+  if (server === 'unreachable' && session && PAUSE_FLOW.has(session.state)) {
+    // A pause that gives the whole server back (JupyterHub, a pod) ends with no server to
+    // ask: the last answer was the pause under way.
+    return {
+      ...UNAVAILABLE,
+      state: 'unavailable',
+      label: trans.__('Server stopped'),
+      tone: 'neutral',
+      tooltip: trans.__(
+        'The server stopped while this notebook was pausing: a pause under JupyterHub or on a cluster gives the whole server back, with its GPU, once every notebook is checkpointed. Start your server again (JupyterHub: Home, Start My Server); this notebook then says what it saved, and Resume restores it.'
       )
     };
   }

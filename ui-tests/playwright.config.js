@@ -27,8 +27,9 @@ const baseURL = `http://localhost:${uiTestsPort()}`;
 module.exports = {
   ...baseConfig,
   reporter: [['list'], ['html', { open: 'never' }]],
-  // Against the kernel-pod backend: playwright-kernel-pods.config.js.
-  testIgnore: 'kernel-pods.spec.ts',
+  // Against the kernel-pod backend: playwright-kernel-pods.config.js; through
+  // JupyterHub: playwright-hub.config.js.
+  testIgnore: ['kernel-pods.spec.ts', 'hub.spec.ts'],
   timeout: 180 * 1000,
   retries: 0,
   workers: 1,

@@ -1,8 +1,10 @@
+import { NotebookPanel } from '@jupyterlab/notebook';
 import { ServerConnection, Session } from '@jupyterlab/services';
+import { Signal } from '@lumino/signaling';
 
-import { DEFAULT_SETTINGS, PauseManager } from '../model';
+import { DEFAULT_SETTINGS, NotebookPauseModel, PauseManager } from '../model';
 
-import { STATUS, json, server } from './fakes';
+import { STATUS, json, server, session } from './fakes';
 
 /** The manager never touches the session manager in these tests. */
 const NO_SESSIONS = {} as Session.IManager;
@@ -86,5 +88,52 @@ describe('PauseManager', () => {
     manager.settings = { ...DEFAULT_SETTINGS, refreshIntervalSeconds: 30 };
     expect(manager.settings.refreshIntervalSeconds).toBe(30);
     expect(changes).toBe(1);
+  });
+});
+
+/** What NotebookPauseModel reads of a notebook panel: its path and two signals. */
+function panelOf(path: string): NotebookPanel {
+  const owner = {};
+  return {
+    id: `panel-${path}`,
+    context: {
+      path,
+      ready: new Promise<void>(() => undefined),
+      model: { contentChanged: new Signal(owner) }
+    },
+    sessionContext: { connectionStatusChanged: new Signal(owner) }
+  } as unknown as NotebookPanel;
+}
+
+/** Models made by a test, disposed after it. */
+const models: NotebookPauseModel[] = [];
+
+afterEach(() => {
+  models.splice(0).forEach(model => model.dispose());
+});
+
+describe('NotebookPauseModel', () => {
+  it('says the server stopped when a Hub answers for it after a pause', async () => {
+    // The server answers "checkpointing"; then the Hub stops it and answers the polls
+    // itself with its error page (424: the server is not running).
+    let stopped = false;
+    const { settings } = server(call => {
+      if (stopped) {
+        return new Response('<html>not running</html>', { status: 424 });
+      }
+      return call.url.endsWith('/status')
+        ? json(200, STATUS)
+        : json(200, session({ state: 'checkpointing' }));
+    });
+    const manager = managerOf(settings);
+    expect(await manager.checkServer()).toBe('ok');
+    const model = new NotebookPauseModel(panelOf('train.ipynb'), manager);
+    models.push(model);
+    await model.refresh();
+    expect(model.view.label).toBe('Checkpointing');
+    stopped = true;
+    await model.refresh();
+    expect(manager.server).toBe('unreachable');
+    expect(model.view.label).toBe('Server stopped');
   });
 });

@@ -4,7 +4,7 @@ import { nullTranslator } from '@jupyterlab/translation';
 import { Signal } from '@lumino/signaling';
 
 import { PauseManager } from '../model';
-import { backendMode, backendProblem } from '../backendnotes';
+import { backendMode, backendProblem, pauseConsequence } from '../backendnotes';
 import { PauseStatusItem } from '../statusbar';
 
 import { STATUS, json, server, session } from './fakes';
@@ -152,5 +152,18 @@ describe('backendMode', () => {
   it('is null on a backend without modes', () => {
     expect(backendMode(statusOf({}), trans)).toBeNull();
     expect(backendMode(null, trans)).toBeNull();
+  });
+
+  it('says in the pause confirmation that the Hub stops the whole server', () => {
+    const hub = pauseConsequence(
+      'a.ipynb',
+      statusOf({ mode: 'jupyterhub' }),
+      trans
+    );
+    expect(hub).toContain('every other notebook running in this server');
+    expect(hub).toContain('Start My Server');
+    const local = pauseConsequence('a.ipynb', null, trans);
+    expect(local).toContain('its kernel is stopped');
+    expect(local).not.toContain('whole server');
   });
 });

@@ -464,6 +464,19 @@ describe('sessionView', () => {
     expect(view.canPause).toBe(false);
   });
 
+  it('server gone after a pause under way: stopped, not an error', () => {
+    for (const state of ['checkpointing', 'pausing', 'paused'] as const) {
+      const view = sessionView(session({ state }), 'unreachable');
+      expect(view.label).toBe('Server stopped');
+      expect(view.tone).toBe('neutral');
+      expect(view.tooltip).toContain('Start My Server');
+      expect(view.canPause || view.canResume).toBe(false);
+    }
+    expect(sessionView(session({ state: 'active' }), 'unreachable').label).toBe(
+      'Server unreachable'
+    );
+  });
+
   it('not known yet', () => {
     expect(sessionView(null, 'unknown').label).toBe('Checking...');
   });

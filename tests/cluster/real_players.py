@@ -64,6 +64,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -128,8 +129,15 @@ def pod_ip(pod: dict[str, Any]) -> str:
     give it; the other pods share this machine's (they are reached at their own ports)."""
     if not any(SINGLEUSER_IMAGE in c["image"] for c in pod["spec"]["containers"]):
         return "127.0.0.1"
-    number = next(_pod_addresses)
-    return f"127.0.{1 + number // 250}.{2 + number % 250}"
+    while True:  # an address whose port is free (another process's pod may still hold one)
+        number = next(_pod_addresses)
+        address = f"127.0.{1 + number // 250 % 250}.{2 + number % 250}"
+        with socket.socket() as probe:
+            try:
+                probe.bind((address, IMAGE_PORT))
+            except OSError:
+                continue
+        return address
 
 
 def now_rfc3339() -> str:
