@@ -207,6 +207,52 @@ def test_polls_and_an_open_tab_do_not_keep_a_server_jupyter_pause_pauses_it(hubs
     assert alice.session(path)["state"] == "paused"
 
 
+def test_a_server_left_with_paused_notebooks_and_an_open_tab_is_given_back(hubs) -> None:
+    # The user came back, did not resume, and left the tab open: no kernel runs, the tab polls
+    hub = hubs(
+        extra=QUICK_ACTIVITY + "c.Spawner.args.append('--PauseApp.idle_pause_minutes=0.3')\n"
+    )
+    alice = hub.spawn("alice")
+    path = notebook(hub, "alice")
+    kernel = alice.open_notebook(path)
+    alice.run(kernel, "x = 42")
+    code, _ = alice.request("POST", f"/jupyter-pause/pause/{path}")
+    assert code == 202
+    hub.wait_stopped("alice")
+    spawned = time.monotonic()
+    alice = hub.spawn("alice")
+    assert alice.session(path)["state"] == "paused"
+
+    polling = threading.Event()
+
+    def poll() -> None:  # the open tab: JupyterLab's polls and the chip's
+        while not polling.is_set():
+            for url in ("/api/kernels", "/api/sessions", f"/jupyter-pause/sessions/{path}"):
+                with contextlib.suppress(OSError, ValueError):
+                    alice.request("GET", url, timeout=5)
+            polling.wait(1.0)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        # Then jupyter_pause gives the server back once nothing was done for the idle time
+        hub.wait_stopped("alice", timeout=120)
+        assert time.monotonic() - spawned >= 18, "given back before the idle time (0.3 min)"
+    finally:
+        polling.set()
+        poller.join(10)
+    assert "giving this server back: no notebook runs in it" in hub.tail(400), hub.tail()
+    # and the notebook is still paused with what its pause saved
+    alice = hub.spawn("alice")
+    paused = alice.session(path)
+    assert paused["state"] == "paused", paused
+    assert "Resume restores it from files: checkpoint 1 from" in paused["message"], paused
+    code, _ = alice.request("POST", f"/jupyter-pause/resume/{path}")
+    assert code == 202
+    assert alice.wait_state(path, "ready", "partial", "failed")["state"] == "ready"
+    assert alice.run(alice.session(path)["kernel_id"], "print(x)").strip() == "42"
+
+
 def test_a_server_killed_at_once_keeps_what_its_last_checkpoint_held(hubs) -> None:
     # As KubeSpawner's delete_grace_period of 1 s: the server gets no time to checkpoint
     hub = hubs(

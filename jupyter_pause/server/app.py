@@ -304,8 +304,21 @@ class PauseApp(ExtensionApp):
         if backend.name == "jupyterhub":
             # The Hub asks the server's last_activity: only the user's work counts.
             hub_activity.install(serverapp.web_app, serverapp.kernel_manager)
+            self.orchestrator.idle.when_empty = self._give_back_if_no_work
         if self.orchestrator.environment is not None or backend.pauses_on_server_stop:
             self._watch_stop_signals(hub=backend.name == "jupyterhub")
+
+    async def _give_back_if_no_work(self, threshold_seconds: float) -> None:
+        """No kernel runs in this server: once nothing was done in it for the idle pause's
+        threshold, it goes back to the Hub (the Hub's culler never comes while a tab polls)."""
+        environment = self.orchestrator.environment
+        if environment is None or self.serverapp.kernel_manager.list_kernel_ids():
+            return  # a console's kernel, say: not a notebook's, still work
+        idle_for = (hub_activity.utcnow() - self.serverapp.web_app.last_activity()).total_seconds()
+        if idle_for >= threshold_seconds:
+            await environment.give_back_empty(
+                f"no notebook runs in it and nothing was done for {idle_for / 60:.0f} min"
+            )
 
     def _backend(self, serverapp: Any) -> tuple[Backend, int]:
         """The configured backend (auto-detected in a pod) and the GPUs it has."""

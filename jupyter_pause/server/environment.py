@@ -703,6 +703,24 @@ class Environment:
         return {"deleted": deleted, "problem": None}
 
     # -- the platform's own stop ------------------------------------------------------------------
+    async def give_back_empty(self, why: str) -> bool:
+        """No notebook runs here and nothing was done for the idle pause's time (an open tab
+        on paused notebooks, say): give the whole server back, with nothing to save. The
+        record of the last pause stays as it was: the notebooks paused then still say so."""
+        if self._pause_on():
+            return False
+        self.paused_here = {"reason": why}  # this process's end is then no one else's
+        log.warning("jupyter_pause: giving this %s back: %s", self.backend.noun, why)
+        try:
+            await self.backend.stop_environment({})
+        except BackendError as err:
+            self.paused_here = None
+            log.warning(
+                "jupyter_pause: this %s could not be given back: %s", self.backend.noun, err
+            )
+            return False
+        return True
+
     async def platform_stop(
         self, budget: float = PLATFORM_BUDGET_SECONDS, signal_name: str = "SIGTERM"
     ) -> None:

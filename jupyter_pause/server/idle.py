@@ -48,6 +48,10 @@ class Idle:
         self.whole_environment = whole_environment
         # jupyter-server's own culler kills idle kernels: checkpoint them before it does.
         self.cull_idle_seconds = cull_idle_seconds
+        # Set where a pause gives the whole server back (JupyterHub): called with the idle
+        # pause's threshold (s) when no kernel runs here, it stops a server left with no work
+        # (an open tab on paused notebooks would hold it, and its GPU, for good).
+        self.when_empty: Callable[[float], Awaitable[None]] | None = None
 
     # -- the user ----------------------------------------------------------------------------------
     def note_user_activity(self, path: str) -> None:
@@ -89,6 +93,13 @@ class Idle:
                 and running_for >= rules.min_running_minutes * 60
             ):
                 idle.append((record.path, f"idle for {idle_for / 60:.0f} min"))
+        if (
+            running == 0
+            and self.when_empty is not None
+            and self.policy.idle_pause_minutes > 0
+            and not any(r.kernel_id for r in self.sessions.records.values())
+        ):
+            await self.when_empty(self.policy.idle_pause_minutes * 60)
         if self.whole_environment:
             # The environment (and its GPU) pauses only once every notebook in it is idle.
             if not idle or len(idle) < running:
