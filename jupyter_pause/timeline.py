@@ -22,7 +22,9 @@ EVENT_KINDS = (
     "snapshot_missing",  # a pause without a pod snapshot (data: mode, why)
     "kernel_stopped",  # the process (or pod) is gone
     "gpu_released",  # the accelerator is back in the pool (measured where possible)
-    "server_started",  # a new server process after the last one ended (data: after: how)
+    "start_requested",  # the platform was asked to start the server again (a Hub's spawn)
+    "server_started",  # a new server process after the last one ended (data: after: how,
+    # waited_seconds: since start_requested, where the platform says)
     "resume_requested",
     "waiting_for_resources",  # the resume waits for a GPU; data: place, reason (each new place)
     "resources_acquired",  # an accelerator was granted again

@@ -287,6 +287,10 @@ function heldFor(data: Record<string, any>): string {
     : `; before the checkpoints were complete (${seconds} s were not enough)`;
 }
 
+function shortDuration(seconds: number): string {
+  return seconds >= 120 ? minutes(seconds) : `${Math.round(seconds)} s`;
+}
+
 function minutes(seconds: number): string {
   return seconds >= 3600
     ? `${(seconds / 3600).toFixed(1)} h`
@@ -327,10 +331,17 @@ export function describeEvent(event: ITimelineEvent): string {
       return data.measured
         ? 'GPU released (measured)'
         : 'GPU released back to the pool';
-    case 'server_started':
+    case 'start_requested':
+      return 'Server start requested (the Hub spawns it)';
+    case 'server_started': {
+      const waited =
+        typeof data.waited_seconds === 'number'
+          ? `, ${shortDuration(data.waited_seconds)} after its start was requested`
+          : '';
       return data.after
-        ? `Server started again (${data.after})`
-        : 'Server started again';
+        ? `Server started again (${data.after}${waited})`
+        : `Server started again${waited ? ` (${waited.slice(2)})` : ''}`;
+    }
     case 'resume_requested':
       return 'Resume requested';
     case 'waiting_for_resources':

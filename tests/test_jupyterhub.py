@@ -116,6 +116,11 @@ def test_a_pause_gives_the_server_back_and_the_next_spawn_restores_from_files(hu
     for kind in ("pause_requested", "checkpoint_written", "kernel_stopped", "server_started"):
         assert kind in kinds, kinds
     assert kinds.index("server_started") < kinds.index("state_restored"), kinds
+    # with the spawn's wait: from the Hub's start of it (read:servers!server) to this server
+    assert kinds.index("start_requested") < kinds.index("server_started"), kinds
+    code, timeline = server.request("GET", f"/jupyter-pause/timeline/{path}")
+    (started,) = [e for e in timeline["events"] if e["kind"] == "server_started"]
+    assert 0 < started["data"]["waited_seconds"] < 60, started
     code, listing = server.request("GET", "/jupyter-pause/usage")
     assert code == 200, listing
     assert report.build(listing, since_seconds=None)["pauses"] == 1

@@ -20,6 +20,7 @@ c.Spawner.server_token_scopes = [
     "access:servers!server",
     "users:activity!user",
     "delete:servers!server",
+    "read:servers!server",  # its own spawn's start: the wait for it goes on the timeline
 ]
 
 # The single-user server: jupyterhub-singleuser from the environment jupyter_pause is in.

@@ -213,6 +213,10 @@ class EnvironmentBackend(Backend):
     #: The platform ends this process before it answers ``stop_environment`` (a Hub answers
     #: once the server has stopped): the stop goes on the timeline when it is asked.
     ends_before_answering: bool = False
+    #: When the platform was asked to start this server (epoch s; a Hub's spawn), where it
+    #: says: the wait until this process began (a GPU pod pending, an image pulled) goes on
+    #: the timeline of the notebooks paused before.
+    start_requested_at: float | None = None
 
     @abc.abstractmethod
     async def snapshot_environment(

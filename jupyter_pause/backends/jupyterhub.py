@@ -18,6 +18,7 @@ says what the admin must add (``app.py``).
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import time
 import urllib.error
@@ -47,7 +48,7 @@ STOP_SCOPE = "delete:servers!server"
 #: The admin's line, in the words of the Hub's configuration (JupyterHub >= 4).
 SCOPE_SNIPPET = (
     'c.Spawner.server_token_scopes = ["access:servers!server", "users:activity!user", '
-    f'"{STOP_SCOPE}"]'
+    f'"{STOP_SCOPE}", "read:servers!server"]'
 )
 #: How long a stop request waits for the Hub's answer (s).
 STOP_ANSWER_SECONDS = 60.0
@@ -157,13 +158,30 @@ def can_stop_own_server(scopes: list[str], settings: HubSettings) -> bool:
     return any(scope in granted for scope in scopes)
 
 
-def token_scopes(settings: HubSettings) -> list[str]:
-    """The scopes of this server's token, as the Hub expands them (``GET /user``);
-    BackendError when the Hub cannot say."""
+def token_model(settings: HubSettings) -> dict[str, Any]:
+    """What the Hub says of this server's token (``GET /user``): its expanded ``scopes``, and
+    with ``read:servers!server`` this server's model; BackendError when the Hub cannot say."""
     status, model = hub_request(settings, "GET", "/user")
     if status != 200 or not isinstance(model, dict):
         raise BackendError(f"the Hub did not say what this server's token may do (HTTP {status})")
+    return model
+
+
+def token_scopes(model: dict[str, Any]) -> list[str]:
     return [str(scope) for scope in model.get("scopes") or []]
+
+
+def start_requested_at(model: dict[str, Any], settings: HubSettings) -> float | None:
+    """When the Hub began this server's spawn (its ``started``), where the token may read
+    its own server (``read:servers!server``); None where it may not."""
+    server = (model.get("servers") or {}).get(settings.server_name)
+    started = (server or {}).get("started") if isinstance(server, dict) else None
+    if not isinstance(started, str):
+        return None
+    try:
+        return datetime.datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def missing_scope_problem(settings: HubSettings) -> str:
@@ -186,11 +204,17 @@ class HubBackend(ServerKernels, EnvironmentBackend):
     ends_before_answering = True
 
     def __init__(
-        self, kernel_manager: Any, session_manager: Any, settings: HubSettings, gpus: int
+        self,
+        kernel_manager: Any,
+        session_manager: Any,
+        settings: HubSettings,
+        gpus: int,
+        start_requested_at: float | None = None,
     ) -> None:
         super().__init__(kernel_manager, session_manager, gpus)
         self.settings = settings
         self.started_at = time.time()
+        self.start_requested_at = start_requested_at
 
     def describe_resources(self) -> ResourceStatus:
         return ResourceStatus(

@@ -378,9 +378,12 @@ class PauseApp(ExtensionApp):
         except BackendError as err:  # the extension always loads: say why, run locally
             self.log.error("jupyter_pause: no jupyterhub backend: %s; using 'local'", err)
             return None
+        requested_at = None
         try:
-            may_stop = jupyterhub.can_stop_own_server(jupyterhub.token_scopes(settings), settings)
+            model = jupyterhub.token_model(settings)
+            may_stop = jupyterhub.can_stop_own_server(jupyterhub.token_scopes(model), settings)
             problem = None if may_stop else jupyterhub.missing_scope_problem(settings)
+            requested_at = jupyterhub.start_requested_at(model, settings)
         except BackendError as err:
             # The Hub answers every spawn's first requests; if it is away now, a pause asks it
             # again and says so if it still cannot be reached.
@@ -395,7 +398,10 @@ class PauseApp(ExtensionApp):
             return fallback, fallback.pool.total
         self.log.info("jupyter_pause: jupyterhub backend (server %s)", settings.server_label)
         gpus = detect_gpus() if self.gpu_count is None else self.gpu_count
-        return jupyterhub.HubBackend(kernel_manager, session_manager, settings, gpus), gpus
+        backend = jupyterhub.HubBackend(
+            kernel_manager, session_manager, settings, gpus, requested_at
+        )
+        return backend, gpus
 
     def _criu_backend(self, serverapp: Any) -> tuple[Backend, int]:
         from ..backends.criu import CriuBackend, CriuSettings

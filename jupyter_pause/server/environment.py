@@ -595,9 +595,13 @@ class Environment:
                 + f"; the {self.backend.noun} was stopped"
             )
             said = how[0].upper() + how[1:]
+        asked = self.backend.start_requested_at
+        waited = None if asked is None else round(max(0.0, time.time() - asked), 3)
         for path in paths:
             record = self.sessions.records[path]
-            record.timeline.add("server_started", after=how)
+            if asked is not None:  # the spawn's wait: a GPU pod pending, an image pulled
+                record.timeline.add("start_requested", at=asked)
+            record.timeline.add("server_started", after=how, waited_seconds=waited)
             checkpoint = record.checkpoint
             restores = (
                 "Resume restores it from files: checkpoint "

@@ -102,6 +102,25 @@ describe('describeEvent', () => {
     );
   });
 
+  it('says how long the spawn waited (a GPU pod pending)', () => {
+    expect(describeEvent(ev('start_requested', 1, {}))).toBe(
+      'Server start requested (the Hub spawns it)'
+    );
+    expect(
+      describeEvent(
+        ev('server_started', 1, {
+          after: 'paused at 18:02; the server was stopped',
+          waited_seconds: 42.4
+        })
+      )
+    ).toBe(
+      'Server started again (paused at 18:02; the server was stopped, 42 s after its start was requested)'
+    );
+    expect(
+      describeEvent(ev('server_started', 1, { waited_seconds: 600 }))
+    ).toBe('Server started again (10 min after its start was requested)');
+  });
+
   it('says where a resume waits in line, and why', () => {
     expect(
       describeEvent(

@@ -119,6 +119,14 @@ def test_a_pause_deletes_the_pod_frees_its_gpu_and_the_next_spawn_restores_from_
     assert (ready["state"], ready["how"]) == ("ready", "files"), ready
     kernel = alice.session(path)["kernel_id"]
     assert alice.run(kernel, "print(x, sum(weights))").split() == ["42", "499500"]
+    # the timeline spans the stop: pause, the spawn asked, the pod's wait, the restore
+    code, timeline = alice.request("GET", f"/jupyter-pause/timeline/{path}")
+    kinds = [e["kind"] for e in timeline["events"]]
+    order = ["pause_requested", "kernel_stopped", "start_requested", "server_started"]
+    assert [kinds.index(k) for k in order] == sorted(kinds.index(k) for k in order), kinds
+    assert kinds.index("server_started") < kinds.index("state_restored"), kinds
+    (started,) = [e for e in timeline["events"] if e["kind"] == "server_started"]
+    assert started["data"]["waited_seconds"] > 0, started
     code, listing = alice.request("GET", "/jupyter-pause/usage")
     assert code == 200, listing
     assert report.build(listing, since_seconds=None)["pauses"] == 1
