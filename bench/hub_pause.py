@@ -88,7 +88,9 @@ def back(server: RemoteServer) -> tuple[float, str, int]:
 def local(mb: int, folder: Path) -> dict:
     root = folder / "local-root"
     root.mkdir(parents=True)
-    started = start_server(folder / "local", root, "c.PauseApp.backend = 'local'\n")
+    store = folder / "local-store"
+    config = f"c.PauseApp.backend = 'local'\nc.PauseApp.store_root = {str(store)!r}\n"
+    started = start_server(folder / "local", root, config)
     server = started.server
     try:
         fill(server, mb)

@@ -314,7 +314,21 @@ def test_without_the_scope_a_pause_stops_the_kernel_and_says_what_the_admin_must
     assert (hub.server("alice") or {}).get("ready"), hub.user("alice")
     code, _ = server.request("POST", f"/jupyter-pause/resume/{path}")
     assert server.wait_state(path, "ready", "partial", "failed")["state"] == "ready"
-    assert server.run(server.session(path)["kernel_id"], "print(x)").strip() == "42"
+    kernel = server.session(path)["kernel_id"]
+    assert server.run(kernel, "print(x)").strip() == "42"
+
+    # When the Hub stops the server (an admin; the culler alike): every notebook is paused
+    # on its signal, and the next spawn resumes it from files
+    server.run(kernel, "y = 7")
+    code, _ = hub.request("DELETE", "/users/alice/server")
+    assert code in (202, 204)
+    hub.wait_stopped("alice")
+    server = hub.spawn("alice")
+    paused = server.session(path)
+    assert paused["state"] == "paused", paused
+    code, _ = server.request("POST", f"/jupyter-pause/resume/{path}")
+    assert server.wait_state(path, "ready", "partial", "failed")["state"] == "ready"
+    assert server.run(server.session(path)["kernel_id"], "print(x, y)").split() == ["42", "7"]
 
 
 def test_a_servers_token_stops_its_own_server_only(hubs) -> None:

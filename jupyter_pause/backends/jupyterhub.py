@@ -286,6 +286,9 @@ class HubWithoutStop(LocalBackend):
     notebook's kernel stopped), and says what the admin must grant for the GPU to go back."""
 
     name = "jupyterhub"
+    # The Hub's stop (its culler, an admin, the user's Stop) ends the server: every notebook
+    # is paused first, its checkpoint on the user's storage, to resume on the next spawn.
+    pauses_on_server_stop = True
 
     def __init__(
         self,

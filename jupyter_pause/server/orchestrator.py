@@ -155,8 +155,8 @@ class Orchestrator:
         if self.environment is not None:
             await self.environment.platform_stop(budget, signal_name)
         elif self.backend.pauses_on_server_stop:
-            paused = await self.pauses.pause_all("the server is stopping (SIGTERM)", budget)
-            log.warning("jupyter_pause: SIGTERM: %d notebook(s) paused", len(paused))
+            paused = await self.pauses.pause_all(f"the server is stopping ({signal_name})", budget)
+            log.warning("jupyter_pause: %s: %d notebook(s) paused", signal_name, len(paused))
 
     async def stop(self) -> None:
         tasks = [self._monitor, *self.kernels.tasks(), *self.sessions.tasks.values()]
