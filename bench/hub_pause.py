@@ -29,11 +29,12 @@ Each round runs every method in an order rotated by one per round; the table giv
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ from tests.cluster.control_plane import (  # noqa: E402
     kube_binary,
 )
 from tests.cluster.notebooks import RemoteServer  # noqa: E402
-from tests.cluster.real_players import real_played_cluster  # noqa: E402
+from tests.cluster.real_players import RealPlayedCluster, real_played_cluster  # noqa: E402
 from tests.cluster.z2jh_hub import start_z2jh_hub, user_pod  # noqa: E402
 from tests.hub_process import Hub, start_hub  # noqa: E402
 from tests.server_process import start_server  # noqa: E402
@@ -143,40 +144,41 @@ def jupyterhub(mb: int, folder: Path) -> dict:
         hub.stop()
 
 
-def kubespawner(plane: ControlPlane, mb: int, folder: Path) -> dict:
+@contextlib.contextmanager
+def z2jh(plane: ControlPlane, folder: Path) -> Iterator[tuple[RealPlayedCluster, Hub]]:
+    """Zero to JupyterHub with the shipped values in a namespace of its own, one GPU node."""
     with real_played_cluster(plane, folder / "cluster") as chain:
         chain.node(gpus=1)
         chain.start()
-        hub = start_z2jh_hub(chain, folder / "kubespawner", {})
+        hub = start_z2jh_hub(chain, folder / "hub", {})
         try:
-            return through_hub(hub, mb, lambda: user_pod(chain, "alice") is None)
+            yield chain, hub
         finally:
             hub.stop()
+
+
+def kubespawner(plane: ControlPlane, mb: int, folder: Path) -> dict:
+    with z2jh(plane, folder) as (chain, hub):
+        return through_hub(hub, mb, lambda: user_pod(chain, "alice") is None)
 
 
 def sigterm(plane: ControlPlane, mb: int, folder: Path) -> dict:
-    with real_played_cluster(plane, folder / "cluster") as chain:
-        chain.node(gpus=1)
-        chain.start()
-        hub = start_z2jh_hub(chain, folder / "sigterm", {})
-        try:
-            server = spawn(hub, "alice")
-            fill(server, mb)
-            (known,) = [p for p in chain.pods.values() if p.name == "jupyter-alice"]
-            container = known.container
-            assert container is not None
-            grace = user_pod(chain, "alice")
-            hub.request("DELETE", "/users/alice/server")
-            assert container.stopped.wait(300), "the kubelet did not stop the pod"
-            (store,) = hub.home("alice").rglob("environment.json")  # in JUPYTER_PAUSE_STORE
-            environment = json.loads(store.read_text())
-            return {
-                "checkpoint_s": environment["checkpoint_seconds"],
-                "exit_s": container.exit_seconds,
-                "grace_s": (grace or {}).get("spec", {}).get("terminationGracePeriodSeconds"),
-            }
-        finally:
-            hub.stop()
+    with z2jh(plane, folder) as (chain, hub):
+        server = spawn(hub, "alice")
+        fill(server, mb)
+        (known,) = [p for p in chain.pods.values() if p.name == "jupyter-alice"]
+        container = known.container
+        assert container is not None
+        pod = user_pod(chain, "alice") or {}
+        hub.request("DELETE", "/users/alice/server")
+        assert container.stopped.wait(300), "the kubelet did not stop the pod"
+        (store,) = hub.home("alice").rglob("environment.json")  # in JUPYTER_PAUSE_STORE
+        environment = json.loads(store.read_text())
+        return {
+            "checkpoint_s": environment["checkpoint_seconds"],
+            "exit_s": container.exit_seconds,
+            "grace_s": pod.get("spec", {}).get("terminationGracePeriodSeconds"),
+        }
 
 
 def table(mb: int, rounds: list[dict[str, dict]]) -> str:

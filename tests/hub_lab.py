@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,11 +22,11 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import FrameType
 
 import jupyterlab
 
 from .hub_process import DEPLOY_CONFIG, PROXY
+from .lab_process import end, until_signalled
 from .server_process import free_port
 
 #: The password every name logs in with (the spec reads the same variable, or this default).
@@ -92,14 +91,7 @@ def wait_for_hub(url: str, hub: subprocess.Popen[bytes], timeout: float = 60) ->
 
 def main() -> int:
     assert PROXY.exists(), f"{PROXY} is missing: run `make setup` (jlpm install)"
-    stopping = False
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stopping = until_signalled()
     with tempfile.TemporaryDirectory(prefix="jp-hub-lab-") as tmp:
         workdir = Path(tmp)
         notebook = workdir / "demo.ipynb"
@@ -127,17 +119,11 @@ def main() -> int:
             url = f"http://127.0.0.1:{PORT}"
             wait_for_hub(url, hub)
             print(f"hub lab: {url}/hub/login (any name, password {PASSWORD!r})", flush=True)
-            while not stopping and hub.poll() is None:
+            while not stopping() and hub.poll() is None:
                 time.sleep(0.5)
         finally:
-            if hub.poll() is None:
-                hub.terminate()  # the Hub stops every user's server, then its proxy
-                try:
-                    hub.wait(60)
-                except subprocess.TimeoutExpired:
-                    hub.kill()
-                    hub.wait(10)
-        return 0 if stopping else hub.returncode or 1
+            end(hub)  # the Hub stops every user's server, then its proxy
+        return 0 if stopping() else hub.returncode or 1
 
 
 if __name__ == "__main__":

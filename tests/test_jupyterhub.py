@@ -65,6 +65,28 @@ def server_token(hub: Hub, user: str) -> str:
     return found["JUPYTERHUB_API_TOKEN"]
 
 
+@contextlib.contextmanager
+def open_tab(server: RemoteServer, *urls: str):
+    """A tab left open: what JupyterLab and the toolbar ask of the server every second (the
+    proxy's error page, once the server has gone, is answered too)."""
+    polling = threading.Event()
+
+    def poll() -> None:
+        while not polling.is_set():
+            for url in urls:
+                with contextlib.suppress(OSError, ValueError):
+                    server.request("GET", url, timeout=5)
+            polling.wait(1.0)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        yield
+    finally:
+        polling.set()
+        poller.join(10)
+
+
 def timeline_kinds(server: RemoteServer, path: str) -> list[str]:
     code, timeline = server.request("GET", f"/jupyter-pause/timeline/{path}")
     assert code == 200, timeline
@@ -185,19 +207,7 @@ def test_polls_and_an_open_tab_do_not_keep_a_server_jupyter_pause_pauses_it(hubs
     alice.run(kernel, "x = 42")
     ran_at = time.time()
 
-    polling = threading.Event()
-
-    def poll() -> None:  # what JupyterLab and the toolbar ask of an open tab
-        while not polling.is_set():
-            for url in ("/api/kernels", "/api/sessions", "/jupyter-pause/status"):
-                # (the proxy's error page once the server has gone)
-                with contextlib.suppress(OSError, ValueError):
-                    alice.request("GET", url, timeout=5)
-            polling.wait(1.0)
-
-    poller = threading.Thread(target=poll, daemon=True)
-    poller.start()
-    try:
+    with open_tab(alice, "/api/kernels", "/api/sessions", "/jupyter-pause/status"):
         # The server's own activity (what it reports to the Hub) stays at the cell
         time.sleep(6)
         _code, status = alice.request("GET", "/api/status")
@@ -205,9 +215,6 @@ def test_polls_and_an_open_tab_do_not_keep_a_server_jupyter_pause_pauses_it(hubs
         assert reported.timestamp() < ran_at + 1, (status, ran_at)
         # and jupyter_pause pauses the idle notebook: the server is given back
         hub.wait_stopped("alice", timeout=90)
-    finally:
-        polling.set()
-        poller.join(10)
     alice = hub.spawn("alice")
     assert alice.session(path)["state"] == "paused"
 
@@ -228,24 +235,10 @@ def test_a_server_left_with_paused_notebooks_and_an_open_tab_is_given_back(hubs)
     alice = hub.spawn("alice")
     assert alice.session(path)["state"] == "paused"
 
-    polling = threading.Event()
-
-    def poll() -> None:  # the open tab: JupyterLab's polls and the chip's
-        while not polling.is_set():
-            for url in ("/api/kernels", "/api/sessions", f"/jupyter-pause/sessions/{path}"):
-                with contextlib.suppress(OSError, ValueError):
-                    alice.request("GET", url, timeout=5)
-            polling.wait(1.0)
-
-    poller = threading.Thread(target=poll, daemon=True)
-    poller.start()
-    try:
+    with open_tab(alice, "/api/kernels", "/api/sessions", f"/jupyter-pause/sessions/{path}"):
         # Then jupyter_pause gives the server back once nothing was done for the idle time
         hub.wait_stopped("alice", timeout=120)
         assert time.monotonic() - spawned >= 18, "given back before the idle time (0.3 min)"
-    finally:
-        polling.set()
-        poller.join(10)
     assert "giving this server back: no notebook runs in it" in hub.tail(400), hub.tail()
     # and the notebook is still paused with what its pause saved
     alice = hub.spawn("alice")

@@ -11,14 +11,13 @@ JupyterLab (its kernels' pods deleted), the played cluster and the control plane
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from types import FrameType
 
+from ..lab_process import end, until_signalled
 from .kernel_pod_server import ROOT, kernel_pod_server_env, started_plane
 from .real_players import real_played_cluster
 
@@ -26,14 +25,7 @@ CONFIG = ROOT / "ui-tests" / "jupyter_server_kernel_pods_config.py"
 
 
 def main() -> int:
-    stopping = False
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stopping = until_signalled()
     with tempfile.TemporaryDirectory(prefix="jp-kernel-pods-lab-") as tmp:
         folder = Path(tmp)
         plane = started_plane(folder / "control-plane")
@@ -48,16 +40,11 @@ def main() -> int:
                 )
                 print(f"kernel-pods lab: namespace {chain.namespace}, node {chain.nodes[0]}")
                 try:
-                    while not stopping and lab.poll() is None:
+                    while not stopping() and lab.poll() is None:
                         chain.check()
                         time.sleep(0.5)
                 finally:
-                    if lab.poll() is None:
-                        lab.terminate()  # jupyter-server stops its kernels (their pods) first
-                        try:
-                            lab.wait(60)
-                        except subprocess.TimeoutExpired:
-                            lab.kill()
+                    end(lab)  # jupyter-server stops its kernels (their pods) first
                 return lab.returncode or 0
         finally:
             plane.stop()
