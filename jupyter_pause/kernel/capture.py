@@ -57,6 +57,33 @@ def unsavable_reason(value: Any) -> str | None:
     subprocess = sys.modules.get("subprocess")
     if subprocess is not None and isinstance(value, subprocess.Popen):
         return "running process: it stays with this session; start it again after restore"
+    return _jax_reason(value)
+
+
+def _jax_reason(value: Any) -> str | None:
+    """JAX values that hold a traced computation, which no process can carry."""
+    jax = sys.modules.get("jax")
+    if jax is None or not hasattr(jax, "core"):
+        return None
+    if isinstance(value, jax.core.Tracer):
+        return (
+            "a JAX tracer that escaped its jit/grad/vmap trace: it has no value outside that "
+            "trace; compute it again after the restore"
+        )
+    kind = type(value)
+    if kind.__module__.startswith("jax.") and kind.__name__ == "VJP":
+        return "a JAX pullback from `jax.vjp`: call `jax.vjp` again after the restore"
+    partial = getattr(getattr(jax, "tree_util", None), "Partial", None)
+    inner = getattr(value, "func", None)
+    if (
+        partial is not None
+        and isinstance(value, partial)
+        and type(inner).__module__.startswith("jax._src.")  # a linearized jaxpr's wrapper
+    ):
+        return (
+            "a JAX function holding a traced computation (`jax.linearize`, `jax.vjp`): call "
+            "it again after the restore"
+        )
     return None
 
 

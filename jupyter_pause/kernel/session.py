@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import shown_warnings
 from .capture import Import
 
 
@@ -158,18 +159,19 @@ def capture_session(
     before: dict[str, Any] = {}
     after: dict[str, Any] = {}
     report = SessionReport()
-    for setting in registered():
-        try:
-            state = _quietly(setting, setting.capture, context)
-            if state is not None:
-                pickles(state)
-        except Exception as err:  # one setting never fails a checkpoint; it is named
-            report.failed[setting.name] = f"not saved ({type(err).__name__}: {err})"
-            continue
-        if state is None:
-            continue
-        (after if setting.after_variables else before)[setting.name] = state
-        report.add(setting.group, _labels(setting, state))
+    with shown_warnings.keeping_shown():  # silencing the libraries must not reset them
+        for setting in registered():
+            try:
+                state = _quietly(setting, setting.capture, context)
+                if state is not None:
+                    pickles(state)
+            except Exception as err:  # one setting never fails a checkpoint; it is named
+                report.failed[setting.name] = f"not saved ({type(err).__name__}: {err})"
+                continue
+            if state is None:
+                continue
+            (after if setting.after_variables else before)[setting.name] = state
+            report.add(setting.group, _labels(setting, state))
     return before, after, report
 
 
@@ -182,19 +184,20 @@ def _labels(setting: SessionSetting, state: Any) -> list[str]:
 def apply_session(states: dict[str, Any], context: SessionContext) -> SessionReport:
     """Apply saved states, in registration order; one failure never stops the others."""
     report = SessionReport()
-    for setting in registered():
-        if setting.name not in states:
-            continue
-        state = states[setting.name]
-        try:
-            outcome = _quietly(setting, setting.apply, state, context)
-        except Exception as err:
-            report.failed[setting.name] = f"{type(err).__name__}: {err}"
-            continue
-        if outcome is None:
-            report.add(setting.group, _labels(setting, state))
-        else:
-            restored, failed = outcome
-            report.add(setting.group, restored)
-            report.failed.update(failed)
+    with shown_warnings.keeping_shown():
+        for setting in registered():
+            if setting.name not in states:
+                continue
+            state = states[setting.name]
+            try:
+                outcome = _quietly(setting, setting.apply, state, context)
+            except Exception as err:
+                report.failed[setting.name] = f"{type(err).__name__}: {err}"
+                continue
+            if outcome is None:
+                report.add(setting.group, _labels(setting, state))
+            else:
+                restored, failed = outcome
+                report.add(setting.group, restored)
+                report.failed.update(failed)
     return report

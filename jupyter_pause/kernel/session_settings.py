@@ -20,6 +20,7 @@ from typing import Any
 
 from traitlets.config import Application, Config
 
+from . import shown_warnings
 from .capture import Import
 from .session import Outcome, SessionContext, SessionSetting, register
 
@@ -263,7 +264,13 @@ def _set_changed(
 
 def _torch_state(torch: Any) -> dict[str, Any]:
     cudnn = torch.backends.cudnn
+    options = torch._tensor_str.PRINT_OPTS  # what torch.set_printoptions sets
     return {
+        "default_device": str(torch.get_default_device()),
+        "printoptions": {
+            name: getattr(options, name)
+            for name in ("precision", "threshold", "edgeitems", "linewidth", "sci_mode")
+        },
         "default_dtype": str(torch.get_default_dtype()).removeprefix("torch."),
         "grad_enabled": torch.is_grad_enabled(),
         "deterministic": (
@@ -293,7 +300,11 @@ def _apply_torch(state: dict[str, Any], context: SessionContext) -> Outcome:
     import torch
 
     def put(name: str, value: Any) -> None:
-        if name == "default_dtype":
+        if name == "default_device":
+            torch.set_default_device(None if value == "cpu" else value)
+        elif name == "printoptions":
+            torch.set_printoptions(**value)
+        elif name == "default_dtype":
             torch.set_default_dtype(getattr(torch, value))
         elif name == "grad_enabled":
             torch.set_grad_enabled(value)
@@ -433,6 +444,82 @@ def _apply_matplotlib(state: dict[str, Any], context: SessionContext) -> Outcome
     return ["matplotlib"], failed
 
 
+def _capture_sklearn(context: SessionContext) -> dict[str, Any] | None:
+    """scikit-learn's global configuration (``set_config``: metadata routing, pandas output,
+    ``assume_finite``...) as the notebook's thread sees it (cells run in the main thread)."""
+    sklearn = _imported("sklearn", "get_config")
+    return None if sklearn is None else dict(sklearn.get_config())
+
+
+def _apply_sklearn(config: dict[str, Any], context: SessionContext) -> Outcome:
+    import sklearn
+
+    def put(name: str, value: Any) -> None:
+        sklearn.set_config(**{name: value})
+
+    return _set_changed("scikit-learn config", config, dict(sklearn.get_config()), put)
+
+
+#: JAX flags that describe this process's devices, not how the notebook computes.
+_JAX_NOT_CARRIED = frozenset({"jax_platforms", "jax_platform_name", "jax_default_device"})
+
+
+def _jax_flags(jax: Any) -> dict[str, Any]:
+    """The ``jax.config`` flags (``jax_enable_x64``, matmul precision...), global values. JAX
+    does not say which the notebook set (defaults come from the environment too): all are
+    carried, and a restore sets those that differ."""
+    flags = {}
+    for name, holder in jax.config._value_holders.items():
+        if name in _JAX_NOT_CARRIED or not hasattr(holder, "get_global"):
+            continue
+        value = holder.get_global()
+        if _plain(value):
+            flags[name] = value
+    return flags
+
+
+def _capture_jax(context: SessionContext) -> dict[str, Any] | None:
+    jax = _imported("jax", "config")
+    return None if jax is None else (_jax_flags(jax) or None)
+
+
+def _apply_jax(flags: dict[str, Any], context: SessionContext) -> Outcome:
+    import jax
+
+    return _set_changed("jax.config", flags, _jax_flags(jax), jax.config.update)
+
+
+def _tqdm_pandas(pandas: Any) -> Any:
+    """The tqdm class ``tqdm.pandas()`` registered on pandas (``progress_apply``), if any."""
+    function = getattr(pandas.DataFrame, "progress_apply", None)
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if isinstance(value, type) and value.__module__.startswith("tqdm"):
+            return value
+    return None
+
+
+def _capture_tqdm(context: SessionContext) -> tuple[str, str] | None:
+    pandas = _imported("pandas", "DataFrame")
+    found = None if pandas is None else _tqdm_pandas(pandas)
+    return None if found is None else (found.__module__, found.__qualname__)
+
+
+def _apply_tqdm(name: tuple[str, str], context: SessionContext) -> Outcome:
+    import pandas
+
+    if _tqdm_pandas(pandas) is None:
+        module = importlib.import_module(name[0])
+        getattr(module, name[1]).pandas()
+    return [f"tqdm.pandas() ({name[0]})"], {}
+
+
+register(SessionSetting("scikit-learn config", "settings", _capture_sklearn, _apply_sklearn))
+register(SessionSetting("jax.config", "settings", _capture_jax, _apply_jax))
+register(SessionSetting("tqdm.pandas", "settings", _capture_tqdm, _apply_tqdm))
 register(SessionSetting("torch", "settings", _capture_torch, _apply_torch))
 register(SessionSetting("numpy", "settings", _capture_numpy, _apply_numpy))
 register(SessionSetting("pandas options", "settings", _capture_pandas, _apply_pandas))
@@ -467,3 +554,26 @@ def _apply_magics(magics: list[tuple[str, str, Any]], context: SessionContext) -
 
 
 register(SessionSetting("magics", "settings", _capture_magics, _apply_magics, after_variables=True))
+
+
+# -- last: nothing may change the warnings filters after it -----------------------------------
+
+
+def _capture_shown(context: SessionContext) -> dict[str, Any] | None:
+    return shown_warnings.capture()
+
+
+def _apply_shown(state: dict[str, Any], context: SessionContext) -> Outcome:
+    return [f"warnings already shown ({shown_warnings.apply(state)})"], {}
+
+
+register(
+    SessionSetting(
+        "warnings already shown",
+        "settings",
+        _capture_shown,
+        _apply_shown,
+        after_variables=True,
+        quiet=False,  # silencing would change the filters, and so forget what it restores
+    )
+)
