@@ -42,9 +42,7 @@ model = LogisticRegression().set_fit_request(sample_weight=True)
     # Then the whole config is as it was, and routing works on the restored estimator
     assert result["session"]["failed"] == {}, result["session"]
     assert second.value("{k: str(v) for k, v in sklearn.get_config().items()}") == before
-    assert second.value(
-        "str(model.get_metadata_routing().fit.requests['sample_weight'])"
-    ) == "True"
+    assert second.value("str(model.get_metadata_routing().fit.requests['sample_weight'])") == "True"
     second.ok("LogisticRegression().set_score_request(sample_weight=True)")
 
 
