@@ -25,6 +25,7 @@ from .client import (
 )
 from .sessions import cmd_accept, cmd_cancel, cmd_pause, cmd_resume, cmd_status
 from .timeline import cmd_timeline
+from .transfer import cmd_export, cmd_import, cmd_trust
 
 EPILOG = """\
 server:
@@ -117,6 +118,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("list", cmd_list, "a notebook's checkpoints, or all sessions", "optional")
     add("timeline", cmd_timeline, "a notebook's pause/resume events and GPU time", "required")
+    export = add(
+        "export",
+        cmd_export,
+        "one file with the notebook and its latest good checkpoint, to import on another "
+        "server (a running session is checkpointed first)",
+        "required",
+    )
+    export.add_argument("-o", "--output", metavar="FILE", help="the file (default: NAME.jpsession)")
+    imported = add(
+        "import",
+        cmd_import,
+        "a session file as a paused notebook of this server (checked before anything is "
+        "written; restoring it needs trust)",
+    )
+    imported.add_argument("file", metavar="FILE")
+    imported.add_argument(
+        "--as",
+        dest="as_path",
+        metavar="NOTEBOOK",
+        help="the notebook path here (default: FILE's name)",
+    )
+    imported.add_argument(
+        "--trust",
+        action="store_true",
+        help="trust it now: restoring unpickles it, which runs code from it",
+    )
+    add(
+        "trust",
+        cmd_trust,
+        "trust an imported session, so that Resume may restore it (restoring runs code from it)",
+        "required",
+    )
     add("gc", cmd_gc, "apply the retention policy to every notebook's checkpoints")
     add(
         "cancel",

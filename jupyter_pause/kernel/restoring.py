@@ -11,9 +11,11 @@ import gc
 import time
 from typing import Any
 
+from . import imported
 from . import store as store_mod
 from .arrays import content_hasher
 from .capture import set_rng_states
+from .environment_diff import differences
 from .loading import BufferSource, buffer_source
 from .reading import OWN_MEMORY_AT_LEAST
 from .results import CheckpointError, RestoreResult
@@ -67,6 +69,7 @@ class Restoring:
         self, checkpoint_id: int | None, names: list[str] | None, started: float
     ) -> RestoreResult:
         store = self.store
+        imported.require_trusted(store)  # unpickling runs code: never from an untrusted import
         if checkpoint_id is None:
             checkpoint_id = store.latest_id()
             if checkpoint_id is None:
@@ -183,6 +186,11 @@ class Restoring:
         if names is None and not failed:
             self._remember_base(checkpoint_id, values)
         not_saved = {} if names else dict(manifest["skipped"])
+        if not same_process:  # made elsewhere, or before an upgrade: say what differs
+            loader.rebuilder.warnings.extend(
+                f"made elsewhere: {difference}"
+                for difference in differences(manifest.get("environment") or {})
+            )
         return RestoreResult(
             checkpoint_id=checkpoint_id,
             notebook=self.key,

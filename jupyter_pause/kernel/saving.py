@@ -157,7 +157,7 @@ class Saving:
                 "reason": reason,
                 "process_token": process_token(),
                 "pid": os.getpid(),
-                "environment": _environment(),
+                "environment": _environment(capture.types, [imp.module for imp in context.imports]),
                 "marked": self.marked(),
                 "frames": frames,
                 "aliases": capture.aliases,
@@ -465,9 +465,30 @@ class _BufferWriter:
         return self.storages
 
 
-def _environment() -> dict[str, Any]:
-    env = {"python": platform.python_version(), "host": platform.node()}
+def _environment(types: dict[str, str], imported: list[str]) -> dict[str, Any]:
+    """Where the saved objects come from, for a restore elsewhere to compare: Python, the
+    platform, the version of each package their types and the notebook's imports come from,
+    torch's CUDA build and the GPU it used (read only if CUDA is already initialised)."""
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "platform": f"{platform.system()} {platform.machine()}",
+    }
     for module in ("torch", "numpy", "pandas"):
         if module in sys.modules:
             env[module] = getattr(sys.modules[module], "__version__", "?")
+    qualified = [name for name in types.values() if "." in name]  # "C": a notebook class
+    tops = {name.split(".")[0] for name in [*qualified, *imported] if name}
+    packages = {}
+    for top in sorted(tops - set(sys.stdlib_module_names) - {"builtins", "__main__"}):
+        version = getattr(sys.modules.get(top), "__version__", None)
+        if isinstance(version, str):
+            packages[top] = version
+    env["packages"] = packages
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "version"):
+        env["torch_cuda"] = getattr(torch.version, "cuda", None)
+        cuda = getattr(torch, "cuda", None)
+        if cuda is not None and cuda.is_initialized() and cuda.device_count():
+            env["gpu"] = cuda.get_device_name(0)
     return env

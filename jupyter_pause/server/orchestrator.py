@@ -30,7 +30,7 @@ from ..backends.base import Backend, EnvironmentBackend
 from ..kernel import store as store_mod
 from ..policy import Policy
 from ..records import RecordWriter, SessionRecord
-from . import holds, store_view
+from . import holds, store_view, transfer
 from .checkpoints import Checkpoints
 from .environment import Environment
 from .idle import Idle
@@ -225,6 +225,9 @@ class Orchestrator:
                 f"{self.environment.status()['state']}; resume the workspace (jupyter pause "
                 "resume --workspace NAMESPACE/NAME)"
             )
+        untrusted = await asyncio.to_thread(transfer.untrusted, self.sessions, record)
+        if untrusted is not None:
+            raise Conflict(f"Cannot resume {record.path} yet. {untrusted}")
         return await self.resumes.start(record, on_cpu)
 
     async def cancel(self, path: str) -> SessionRecord:

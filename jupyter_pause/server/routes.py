@@ -10,11 +10,13 @@ never the server's absolute paths.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import posixpath
 from functools import cache
 from http.client import responses
+from pathlib import Path
 from typing import Any
 
 import tornado.web
@@ -25,14 +27,18 @@ from jupyter_server.utils import url_path_join
 from ..contract import openapi_document
 from ..kernel import store as store_mod
 from ..version import __version__
+from . import transfer
 from .orchestrator import Orchestrator
-from .states import PauseError
+from .states import RUNNING_STATES, PauseError
 
 #: URL namespace of the REST API, below the server's base URL.
 API_PREFIX = "jupyter-pause"
 #: Resource name checked by jupyter_server's authorizer for every handler here.
 AUTH_RESOURCE = "jupyter_pause"
 _PATH = r"(?P<path>.+)"
+#: Largest session file an import takes (1 TiB: a checkpoint of a large model and more).
+MAX_IMPORT_BYTES = 2**40
+CHUNK = 2**20
 
 
 def clean_path(path: str) -> str:
@@ -179,6 +185,95 @@ class CheckpointActionHandler(PauseAPIHandler):
         result = await self.run(self.orchestrator.checkpoint(path))
         record = await self.run(self.orchestrator.get(path))
         self.finish({"result": result, "session": record.to_json()})
+
+
+class ExportHandler(PauseAPIHandler):
+    """``GET /jupyter-pause/export/<path>``: the session file of the notebook's latest good
+    checkpoint (a running session is checkpointed first), streamed as a download."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, path: str) -> None:
+        path = clean_path(path)
+        orchestrator = self.orchestrator
+        record = await self.run(orchestrator.get(path))
+        if record.state in RUNNING_STATES and record.kernel_id is not None:
+            await self.run(orchestrator.checkpoint(path))
+        notebook_file = Path(orchestrator.sessions.notebook_key(path))
+        exported = await self.run(
+            asyncio.to_thread(
+                transfer.export_session, orchestrator.sessions, record, notebook_file, path
+            )
+        )
+        try:
+            self.set_header("Content-Type", "application/x-tar")
+            self.set_header("Content-Length", str(exported.size))
+            self.set_header("Content-Disposition", f'attachment; filename="{exported.name}"')
+            self.set_header("X-Checkpoint-Id", str(exported.checkpoint_id))
+            with open(exported.file, "rb") as source:
+                while chunk := await asyncio.to_thread(source.read, CHUNK):
+                    self.write(chunk)
+                    await self.flush()
+            await super(PauseAPIHandler, self).finish()
+        finally:
+            exported.file.unlink(missing_ok=True)
+
+
+@tornado.web.stream_request_body
+class ImportHandler(PauseAPIHandler):
+    """``POST /jupyter-pause/import/<path>``: a session file in the body (streamed to disk,
+    never held in memory) becomes notebook ``<path>``, paused and untrusted (201). The user is
+    checked before a byte of the body is taken."""
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        if not self.current_user:
+            raise tornado.web.HTTPError(403)
+        if not self.authorizer.is_authorized(self, self.current_user, "write", AUTH_RESOURCE):
+            raise tornado.web.HTTPError(403, "Not authorised to import sessions")
+        self.request.connection.set_max_body_size(MAX_IMPORT_BYTES)
+        self._upload = transfer.upload_file(self.orchestrator.store_root)  # closed on_finish
+
+    def data_received(self, chunk: bytes) -> None:
+        self._upload.write(chunk)
+
+    def on_finish(self) -> None:
+        upload = getattr(self, "_upload", None)
+        if upload is not None:
+            upload.close()
+
+    @tornado.web.authenticated
+    @authorized
+    async def post(self, path: str) -> None:
+        path = clean_path(path)
+        sessions = self.orchestrator.sessions
+        self._upload.seek(0)
+        record, differs = await self.run(
+            asyncio.to_thread(
+                transfer.import_session,
+                sessions,
+                self._upload,
+                path,
+                Path(sessions.notebook_key(path)),
+            )
+        )
+        self.set_status(201)
+        self.finish({"session": record.to_json(), "differences": differs})
+
+
+class TrustHandler(PauseAPIHandler):
+    """``POST /jupyter-pause/trust/<path>``: the user trusts an imported session; its resume
+    may now unpickle it."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def post(self, path: str) -> None:
+        orchestrator = self.orchestrator
+        record = await self.run(orchestrator.get(clean_path(path)))
+        record = await self.run(
+            asyncio.to_thread(transfer.trust_session, orchestrator.sessions, record)
+        )
+        self.finish(record.to_json())
 
 
 class PauseActionHandler(PauseAPIHandler):
@@ -338,6 +433,9 @@ def handlers() -> list[tuple[str, type[PauseAPIHandler]]]:
         (f"{base}/sessions/{_PATH}", SessionHandler),
         (f"{base}/checkpoint/{_PATH}", CheckpointActionHandler),
         (f"{base}/pause/{_PATH}", PauseActionHandler),
+        (f"{base}/export/{_PATH}", ExportHandler),
+        (f"{base}/import/{_PATH}", ImportHandler),
+        (f"{base}/trust/{_PATH}", TrustHandler),
         (f"{base}/resume/{_PATH}", ResumeActionHandler),
         (f"{base}/cancel/{_PATH}", CancelHandler),
         (f"{base}/activity/{_PATH}", ActivityHandler),

@@ -1,0 +1,131 @@
+"""``export``, ``import`` and ``trust``: a session carried to another server as one file.
+
+The file is made and read by the server (``GET /jupyter-pause/export/<path>``, ``POST
+/jupyter-pause/import/<path>``): here it is only downloaded or uploaded, in chunks, with the
+bytes done / in all on stderr, so memory stays flat however large the checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import IO, Any
+
+from ..formatting import format_bytes
+from ..session_file import SUFFIX
+from .client import EXIT_OK, EXIT_USAGE, Client, CliError, quote_path, server_path
+from .output import print_json
+
+CHUNK = 2**20
+
+
+class _Progress:
+    """``done / total`` on stderr, at most every half second, when stderr is a terminal or
+    asked for; a last line at the end."""
+
+    def __init__(self, what: str, total: int, quiet: bool) -> None:
+        self.what, self.total, self.done = what, total, 0
+        self.quiet = quiet
+        self.shown = 0.0
+
+    def add(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if not self.quiet and now - self.shown >= 0.5:
+            self.shown = now
+            print(f"{self.what}: {format_bytes(self.done)} / {format_bytes(self.total)}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _open(client: Client, method: str, parts: list[str], body: Any = None, size: int = 0) -> Any:
+    request = urllib.request.Request(client.base + "/".join(parts), method=method, data=body)
+    request.add_header("Authorization", f"token {client.server.token}")
+    if body is not None:
+        request.add_header("Content-Type", "application/x-tar")
+        request.add_header("Content-Length", str(size))
+    try:
+        return urllib.request.urlopen(request, timeout=None)
+    except urllib.error.HTTPError as err:
+        raise client.http_error(err) from None
+    except (urllib.error.URLError, OSError) as err:
+        raise CliError(f"Cannot reach the Jupyter server at {client.server.url}: "
+                       f"{getattr(err, 'reason', err)}", 3) from None  # fmt: skip
+
+
+def cmd_export(client: Client, args: argparse.Namespace) -> int:
+    target = Path(args.output or f"{Path(args.path).stem}{SUFFIX}")
+    partial = target.with_name(f".{target.name}.part")
+    with _open(client, "GET", ["export", quote_path(args.path)]) as response:
+        total = int(response.headers.get("Content-Length") or 0)
+        progress = _Progress(f"exporting {args.path}", total, args.json)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while chunk := response.read(CHUNK):
+                    out.write(chunk)
+                    progress.add(len(chunk))
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(partial, target)  # a complete file or none
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        checkpoint = response.headers.get("X-Checkpoint-Id")
+    if args.json:
+        print_json({"file": str(target), "bytes": progress.done, "checkpoint_id": checkpoint})
+    else:
+        print(f"Exported {args.path} (checkpoint {checkpoint}) to {target}, "
+              f"{format_bytes(progress.done)}")  # fmt: skip
+    return EXIT_OK
+
+
+class _Upload:
+    """A file read in chunks for urllib, counting the bytes sent."""
+
+    def __init__(self, source: IO[bytes], progress: _Progress) -> None:
+        self.source, self.progress = source, progress
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self.source.read(CHUNK if size < 0 else min(size, CHUNK))
+        self.progress.add(len(chunk))
+        return chunk
+
+
+def cmd_import(client: Client, args: argparse.Namespace) -> int:
+    source = Path(args.file)
+    if not source.is_file():
+        raise CliError(f"{source} is not a file", EXIT_USAGE)
+    name = args.as_path or Path(source.name).with_suffix(".ipynb").name
+    path = server_path(name, client.server.root_dir)
+    size = source.stat().st_size
+    progress = _Progress(f"importing {source.name}", size, args.json)
+    with (
+        open(source, "rb") as stream,
+        _open(
+            client, "POST", ["import", quote_path(path)], _Upload(stream, progress), size
+        ) as response,
+    ):
+        import json
+
+        answer = json.loads(response.read())
+    if args.trust:
+        answer["session"] = client.post("trust", quote_path(path))
+    if args.json:
+        print_json(answer)
+        return EXIT_OK
+    print(f"Imported {source} as {path}: {answer['session']['message']}")
+    return EXIT_OK
+
+
+def cmd_trust(client: Client, args: argparse.Namespace) -> int:
+    session = client.post("trust", quote_path(args.path))
+    if args.json:
+        print_json(session)
+    else:
+        print(f"{args.path}: {session['message']}")
+    return EXIT_OK

@@ -1,0 +1,174 @@
+"""Export and import of a session (``session_file``) on this server, and trusting an import.
+
+Export: a running session is checkpointed first, a paused one is taken as it is; the latest
+good checkpoint and the notebook go into a session file written to a temporary file of the
+store (off the event loop; the caller streams it and removes it). Import: the uploaded file
+is read and checked into a staging folder of the store, then placed under the notebook path
+asked for (which must not exist yet): the notebook file and its checkpoint, the session
+paused, untrusted. Nothing of it is unpickled until the user trusts it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import platform
+import secrets
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from .. import session_file
+from ..kernel import imported as imported_mod
+from ..kernel import store as store_mod
+from ..kernel.environment_diff import differences
+from ..kernel.files import ensure_private_dir, write_file_atomically
+from ..records import SessionRecord
+from .sessions import Sessions
+from .states import RUNNING_STATES, Conflict, PauseError, UnknownSession
+
+
+class ImportRefused(PauseError):
+    """A session file that is damaged, altered, unsafe or of a newer format (400)."""
+
+    status = 400
+
+
+@dataclass
+class Exported:
+    file: Path  # the session file, in the store's temporary folder: remove it once sent
+    name: str  # a file name for the download
+    size: int
+    checkpoint_id: int
+
+
+def _staging_root(store_root: Path) -> Path:
+    return store_root / ".transfer"
+
+
+def upload_file(store_root: Path) -> IO[bytes]:
+    """A nameless file beside the store for an upload (the same disk as the checkpoints,
+    never memory or a small /tmp)."""
+    folder = _staging_root(store_root)
+    ensure_private_dir(folder)
+    return tempfile.TemporaryFile(dir=folder)
+
+
+def export_session(
+    sessions: Sessions, record: SessionRecord, notebook_file: Path, server_path: str
+) -> Exported:
+    """The session file of ``record``'s latest good checkpoint (blocking: run off the loop)."""
+    store = sessions.store_for(record)
+    checkpoint_id = store.latest_id()
+    if checkpoint_id is None:
+        raise Conflict(f"{record.path} has no checkpoint to export: checkpoint it first")
+    try:
+        notebook = notebook_file.read_bytes()
+    except OSError as err:
+        raise Conflict(f"{record.path} cannot be read to export it ({err.strerror})") from err
+    with store.locked():  # collection keeps its hands off the files meanwhile
+        manifest = store.read_manifest(checkpoint_id)
+        files = session_file.checkpoint_members(store, checkpoint_id)
+        index = session_file.Index(
+            format=session_file.FORMAT,
+            notebook=server_path,
+            checkpoint_id=checkpoint_id,
+            made_by=getpass.getuser(),
+            made_on=platform.node(),
+            made_at=time.time(),
+            environment=dict(manifest.get("environment") or {}),
+        )
+        folder = _staging_root(sessions.store_root)
+        ensure_private_dir(folder)
+        fd, name = tempfile.mkstemp(dir=folder, prefix="export-", suffix=session_file.SUFFIX)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                session_file.write(out, index, notebook, files)
+        except BaseException:
+            os.unlink(name)
+            raise
+    stem = Path(server_path).stem or "session"
+    return Exported(
+        Path(name), f"{stem}{session_file.SUFFIX}", os.path.getsize(name), checkpoint_id
+    )
+
+
+def import_session(
+    sessions: Sessions, upload: IO[bytes], server_path: str, notebook_file: Path
+) -> tuple[SessionRecord, list[str]]:
+    """Check ``upload`` and place it as notebook ``server_path`` (blocking: off the loop);
+    the record (paused, untrusted) and what differs from this environment."""
+    if notebook_file.exists() or server_path in sessions.records:
+        raise Conflict(f"{server_path} exists already: import the session under another name")
+    staging = _staging_root(sessions.store_root) / f"import-{secrets.token_hex(6)}"
+    try:
+        staged = session_file.read(upload, staging)
+    except session_file.SessionFileError as err:
+        raise ImportRefused(f"Session file refused, nothing was imported: {err}") from err
+    try:
+        key = sessions.notebook_key(server_path)
+        store = session_file.place(staged, sessions.store_root, key)
+        notebook_file.parent.mkdir(parents=True, exist_ok=True)
+        write_file_atomically(notebook_file, (staged.folder / session_file.NOTEBOOK).read_bytes())
+    except session_file.SessionFileError as err:
+        raise Conflict(str(err)) from err
+    finally:
+        staged.remove()
+    index = staged.index
+    differs = differences(index.environment)
+    record = SessionRecord(server_path, key, state="paused")
+    record.checkpoint = _latest(store)
+    sessions.records[server_path] = record
+    sessions.set(record, "paused", imported_message(index, trusted=False, differs=differs))
+    return record, differs
+
+
+def _latest(store: store_mod.NotebookStore) -> dict[str, Any] | None:
+    from .store_view import inspect_store
+
+    _stamp, view = inspect_store(store)
+    return view.latest
+
+
+def imported_message(index: session_file.Index, trusted: bool, differs: list[str]) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(index.made_at))
+    text = f"Paused (imported from {index.made_by} on {index.made_on}, {when})."
+    text += (
+        " Resume restores it from files."
+        if trusted
+        else " Trust it to resume: restoring runs code from it."
+    )
+    if differs:
+        text += " Differs here: " + "; ".join(differs) + "."
+    return text
+
+
+def trust_session(sessions: Sessions, record: SessionRecord) -> SessionRecord:
+    """The user trusts an imported session: its restore may unpickle it (blocking)."""
+    if record.state in RUNNING_STATES:
+        raise Conflict(f"{record.path} runs: only a paused import needs trust")
+    store = sessions.store_for(record)
+    try:
+        saved = imported_mod.trust(store)
+    except store_mod.StoreError as err:
+        raise UnknownSession(f"{record.path}: {err}") from err
+    index = session_file.Index.from_json(_full_index(saved))
+    sessions.set(record, "paused", imported_message(index, True, differences(index.environment)))
+    return record
+
+
+def _full_index(record: dict[str, Any]) -> dict[str, Any]:
+    index = dict(record.get("index") or {})
+    index["members"] = {}
+    return index
+
+
+def untrusted(sessions: Sessions, record: SessionRecord) -> str | None:
+    """Why ``record``'s store may not be restored yet (an untrusted import), or None."""
+    try:
+        imported_mod.require_trusted(sessions.store_for(record))
+    except store_mod.StoreError as err:
+        return str(err)
+    return None
