@@ -256,3 +256,13 @@ def test_the_command_line_exports_imports_and_trusts(two_servers) -> None:
     assert ready["state"] == "ready", ready
     kernel = there.server.session("from-cli.ipynb")["kernel_id"]
     assert there.server.run(kernel, "print(x)").strip() == str(values)
+
+    # Before an upgrade: every paused session of a server, one file each
+    code, _ = here.server.request("POST", "/jupyter-pause/pause/train.ipynb")
+    assert code == 202
+    here.server.wait_state("train.ipynb", "paused", "active")
+    folder = tmp_path / "before-upgrade"
+    done = cli(here, "export", "--all", str(folder))
+    assert done.returncode == 0, done.stderr
+    assert "1 of 1 paused sessions exported" in done.stdout, done.stdout
+    assert (folder / "train.ipynb.jpsession").stat().st_size > 0

@@ -122,10 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
         "export",
         cmd_export,
         "one file with the notebook and its latest good checkpoint, to import on another "
-        "server (a running session is checkpointed first)",
-        "required",
+        "server (a running session is checkpointed first); --all: every paused session",
+        "optional",
     )
     export.add_argument("-o", "--output", metavar="FILE", help="the file (default: NAME.jpsession)")
+    export.add_argument(
+        "--all",
+        metavar="DIR",
+        dest="all_into",
+        help="export every paused session of the server into DIR (before an upgrade or a "
+        "move to another cluster)",
+    )
     imported = add(
         "import",
         cmd_import,
@@ -323,6 +330,8 @@ def _run(argv: Sequence[str] | None) -> int:
             return workspace.run(args)
         if args.command == "resume" and args.notebook is None:
             parser.error("resume needs NOTEBOOK, or --workspace NAMESPACE/NAME")
+        if args.command == "export" and (args.notebook is None) == (args.all_into is None):
+            parser.error("export needs NOTEBOOK, or --all DIR")
         if not getattr(args, "finds_server", True):
             return args.handler(args)  # finds (or starts) its server itself
         server = find_server(args)

@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from ..formatting import format_bytes
 from ..session_file import SUFFIX
-from .client import EXIT_OK, EXIT_USAGE, Client, CliError, quote_path, server_path
+from .client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Client, CliError, quote_path, server_path
 from .output import print_json
 
 CHUNK = 2**20
@@ -58,11 +58,49 @@ def _open(client: Client, method: str, parts: list[str], body: Any = None, size:
 
 
 def cmd_export(client: Client, args: argparse.Namespace) -> int:
+    if args.all_into is not None:
+        return _export_all(client, Path(args.all_into), args.json)
     target = Path(args.output or f"{Path(args.path).stem}{SUFFIX}")
+    size, checkpoint = _download(client, args.path, target, args.json)
+    if args.json:
+        print_json({"file": str(target), "bytes": size, "checkpoint_id": checkpoint})
+    else:
+        print(f"Exported {args.path} (checkpoint {checkpoint}) to {target}, {format_bytes(size)}")
+    return EXIT_OK
+
+
+def _export_all(client: Client, folder: Path, as_json: bool) -> int:
+    """Every paused session, one file each named after its path; what failed is named and
+    the others go on (exit 1 if any failed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sessions = [s for s in client.get("sessions")["sessions"] if s["state"] == "paused"]
+    done, failed = [], {}
+    for session in sessions:
+        path = session["path"]
+        target = folder / (path.replace("/", "__") + SUFFIX)
+        try:
+            size, checkpoint = _download(client, path, target, as_json)
+        except CliError as err:
+            failed[path] = str(err)
+            continue
+        done.append({"path": path, "file": str(target), "bytes": size, "checkpoint_id": checkpoint})
+    if as_json:
+        print_json({"exported": done, "failed": failed})
+    else:
+        for item in done:
+            print(f"{item['path']}: {item['file']} ({format_bytes(item['bytes'])})")
+        for path, why in failed.items():
+            print(f"{path}: not exported: {why}", file=sys.stderr)
+        print(f"{len(done)} of {len(sessions)} paused sessions exported to {folder}")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _download(client: Client, path: str, target: Path, quiet: bool) -> tuple[int, str | None]:
+    """The session file of ``path`` into ``target`` (complete, or not there at all)."""
     partial = target.with_name(f".{target.name}.part")
-    with _open(client, "GET", ["export", quote_path(args.path)]) as response:
+    with _open(client, "GET", ["export", quote_path(path)]) as response:
         total = int(response.headers.get("Content-Length") or 0)
-        progress = _Progress(f"exporting {args.path}", total, args.json)
+        progress = _Progress(f"exporting {path}", total, quiet)
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             with os.fdopen(fd, "wb") as out:
@@ -76,12 +114,7 @@ def cmd_export(client: Client, args: argparse.Namespace) -> int:
             partial.unlink(missing_ok=True)
             raise
         checkpoint = response.headers.get("X-Checkpoint-Id")
-    if args.json:
-        print_json({"file": str(target), "bytes": progress.done, "checkpoint_id": checkpoint})
-    else:
-        print(f"Exported {args.path} (checkpoint {checkpoint}) to {target}, "
-              f"{format_bytes(progress.done)}")  # fmt: skip
-    return EXIT_OK
+    return progress.done, checkpoint
 
 
 class _Upload:
