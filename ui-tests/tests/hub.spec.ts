@@ -140,7 +140,7 @@ test('through the Hub: pause gives the server back, a new one restores the value
   const timeline = page.locator(SELECTORS.TIMELINE);
   await expect(timeline).toContainText('Pause requested (user)');
   await expect(timeline).toContainText(
-    /Server started again \(paused at \d\d:\d\d; the server was stopped\)/
+    /Server started again \(paused at \d\d:\d\d; the server was stopped, \d+ s after its start was requested\)/
   );
   await expect(timeline).toContainText('Restored from files: 1 variable (x)');
 });
