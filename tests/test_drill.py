@@ -21,6 +21,7 @@ from jupyter_pause.kernel import store as store_mod
 from jupyter_pause.server.resuming import Resumes
 
 from .cli_runner import Cli
+from .server_process import start_server
 from .servers import Server, pause_and_wait
 
 pytest.importorskip("torch")
@@ -149,6 +150,32 @@ async def test_the_clean_up_keeps_what_keep_asks_for_and_the_users_own_files(
     assert record["state"] == "paused"
     deleted = {c["name"]: c for c in report["checks"]}["drill's files deleted"]
     assert deleted["status"] == "pass", deleted
+    # and the report folder holds the drill notebook's session file, the upgrade's fallback
+    assert (tmp_path / "drill" / "drill-session.jpsession").stat().st_size > 0
+    assert "digest" in json.loads((tmp_path / "drill" / "drill-expected.json").read_text())
+
+    # When the upgrade check runs on a new server that has neither (another cluster)
+    new_root = tmp_path / "new-root"
+    new_root.mkdir()
+    store = tmp_path / "new-store"
+    other = start_server(
+        tmp_path / "new-server",
+        new_root,
+        f"c.PauseApp.backend = 'local'\nc.PauseApp.store_root = {str(store)!r}\n",
+    )
+    try:
+        new_jp = Cli(other.server.url, other.server.token, tmp_path / "new-server" / "runtime")
+        code, stdout, stderr = await new_jp(
+            "drill", "--upgrade-check", "--out", str(tmp_path / "drill")
+        )
+        # Then it imports the session file, resumes it from files, and the output is the same
+        assert code == 0, stderr
+        assert f"{MAIN} is not on this server: importing" in stderr, stderr
+        assert stdout.startswith(f"{MAIN}: restored from files: a new process"), stdout
+        assert "imported from drill-session.jpsession" in stdout, stdout
+        assert (new_root / MAIN).exists()
+    finally:
+        other.stop()
 
 
 class NeverReleasingPool(GpuPool):

@@ -8,6 +8,7 @@ bytes done / in all on stderr, so memory stays flat however large the checkpoint
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -61,7 +62,7 @@ def cmd_export(client: Client, args: argparse.Namespace) -> int:
     if args.all_into is not None:
         return _export_all(client, Path(args.all_into), args.json)
     target = Path(args.output or f"{Path(args.path).stem}{SUFFIX}")
-    size, checkpoint = _download(client, args.path, target, args.json)
+    size, checkpoint = download(client, args.path, target, args.json)
     if args.json:
         print_json({"file": str(target), "bytes": size, "checkpoint_id": checkpoint})
     else:
@@ -79,7 +80,7 @@ def _export_all(client: Client, folder: Path, as_json: bool) -> int:
         path = session["path"]
         target = folder / (path.replace("/", "__") + SUFFIX)
         try:
-            size, checkpoint = _download(client, path, target, as_json)
+            size, checkpoint = download(client, path, target, as_json)
         except CliError as err:
             failed[path] = str(err)
             continue
@@ -95,7 +96,7 @@ def _export_all(client: Client, folder: Path, as_json: bool) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def _download(client: Client, path: str, target: Path, quiet: bool) -> tuple[int, str | None]:
+def download(client: Client, path: str, target: Path, quiet: bool) -> tuple[int, str | None]:
     """The session file of ``path`` into ``target`` (complete, or not there at all)."""
     partial = target.with_name(f".{target.name}.part")
     with _open(client, "GET", ["export", quote_path(path)]) as response:
@@ -129,23 +130,23 @@ class _Upload:
         return chunk
 
 
+def upload(client: Client, source: Path, path: str, quiet: bool) -> dict[str, Any]:
+    """Import the session file ``source`` as notebook ``path``: the server's answer."""
+    size = source.stat().st_size
+    progress = _Progress(f"importing {source.name}", size, quiet)
+    with open(source, "rb") as stream:
+        body = _Upload(stream, progress)
+        with _open(client, "POST", ["import", quote_path(path)], body, size) as response:
+            return json.loads(response.read())
+
+
 def cmd_import(client: Client, args: argparse.Namespace) -> int:
     source = Path(args.file)
     if not source.is_file():
         raise CliError(f"{source} is not a file", EXIT_USAGE)
     name = args.as_path or Path(source.name).with_suffix(".ipynb").name
     path = server_path(name, client.server.root_dir)
-    size = source.stat().st_size
-    progress = _Progress(f"importing {source.name}", size, args.json)
-    with (
-        open(source, "rb") as stream,
-        _open(
-            client, "POST", ["import", quote_path(path)], _Upload(stream, progress), size
-        ) as response,
-    ):
-        import json
-
-        answer = json.loads(response.read())
+    answer = upload(client, source, path, args.json)
     if args.trust:
         answer["session"] = client.post("trust", quote_path(path))
     if args.json:

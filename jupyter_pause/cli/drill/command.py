@@ -52,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         drill.numbers["stopped_early"] = error
         try:
             _clean_up(drill, client, keep=args.keep)
+            if args.keep:
+                upgrade.keep_session_file(client, out)
         except (DrillError, CliError) as err:
             error = error or f"clean-up: {err}"
         files = render.write(drill.findings, out, error)
@@ -126,7 +128,7 @@ def _delete_drill_files(client: ServerClient, kept: set[str]) -> list[dict[str, 
 
 def _upgrade_check(client: ServerClient, args: argparse.Namespace, out: Path) -> int:
     try:
-        found = upgrade.check(client, args.timeout)
+        found = upgrade.check(client, args.timeout, out)
     except DrillError as err:
         raise CliError(f"upgrade check: {err}") from None
     out.mkdir(parents=True, exist_ok=True)

@@ -9,12 +9,15 @@ that merely opened the old notebook: nothing came back).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
 from ..client import RESUME_IN_FLIGHT, CliError, quote_path
+from ..transfer import download, upload
 from . import notebook
 from .client import DrillError, ServerClient
 from .plan import FOLDER, MAIN
@@ -22,18 +25,49 @@ from .plan import FOLDER, MAIN
 LIVE, FILES, NOT_RESTORED = "live process", "restored from files", "not restored"
 
 
-def check(client: ServerClient, timeout: float, stream: TextIO = sys.stderr) -> dict[str, Any]:
-    """Find out how the drill notebook came back; resumes it first when it is paused."""
-    try:
-        record = client.session(MAIN)
-    except CliError as err:
-        raise DrillError(
-            f"no drill notebook on this server ({err}): run `jupyter pause drill --keep` "
-            "before the upgrade"
-        ) from None
+#: What ``--keep`` leaves in the report folder beside the paused notebook: its session file
+#: and the drill's expected output, the fallback of a server that lost both (a new cluster).
+SESSION_FILE = "drill-session.jpsession"
+EXPECTED = "drill-expected.json"
+
+
+def keep_session_file(client: ServerClient, out: Path) -> None:
+    """The kept drill notebook exported into ``out``, with the output its model must give."""
+    out.mkdir(parents=True, exist_ok=True)
+    download(client, MAIN, out / SESSION_FILE, quiet=True)
+    (out / EXPECTED).write_text(json.dumps({"digest": _expected_on_server(client)}) + "\n")
+
+
+def _expected_on_server(client: ServerClient) -> str:
     result = f"{FOLDER}/{notebook.DATA_DIR}/result.json"
     saved = client.api("GET", f"contents/{quote_path(result)}?type=file&format=text")
-    expected = json.loads(saved["content"])["digest"]
+    return json.loads(saved["content"])["digest"]
+
+
+def check(
+    client: ServerClient, timeout: float, out: Path, stream: TextIO = sys.stderr
+) -> dict[str, Any]:
+    """Find out how the drill notebook came back; resumes it first when it is paused. A
+    server without it (a new cluster, a wiped store) gets it from the session file that
+    ``--keep`` exported into ``out``."""
+    from_file = False
+    try:
+        record = client.session(MAIN)
+        expected = _expected_on_server(client)
+    except CliError as err:
+        if not (out / SESSION_FILE).is_file():
+            raise DrillError(
+                f"no drill notebook on this server ({err}), and no {out / SESSION_FILE}: run "
+                "`jupyter pause drill --keep` before the upgrade"
+            ) from None
+        stream.write(f"{MAIN} is not on this server: importing {out / SESSION_FILE}\n")
+        with contextlib.suppress(CliError):  # a notebook there without its session: replaced
+            client.delete_file(MAIN)
+        upload(client, out / SESSION_FILE, MAIN, quiet=True)
+        client.post("trust", quote_path(MAIN))  # the operator's own drill, exported by them
+        record = client.session(MAIN)
+        expected = json.loads((out / EXPECTED).read_text())["digest"]
+        from_file = True
     if record["kernel_id"] is None:
         stream.write(f"{MAIN} is {record['state']}: resuming it, as its user would\n")
         client.post("resume", quote_path(MAIN))
@@ -63,9 +97,12 @@ def check(client: ServerClient, timeout: float, stream: TextIO = sys.stderr) -> 
                 "another liveness token and none of the saved state"
             ),
         )
+    if from_file and verdict == FILES:
+        why += f", imported from {SESSION_FILE} (the server had lost the drill notebook)"
     return {
         "verdict": verdict,
         "why": why,
+        "from_session_file": from_file,
         "server_state": record["state"],
         "server_how": record.get("how"),
         "token_matches": found["token"] == written_by,
