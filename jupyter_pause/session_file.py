@@ -22,6 +22,7 @@ until its user says to trust it (``imported.json`` in the store folder).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -109,14 +110,12 @@ class Index:
             raise SessionFileError(f"{INDEX} lacks what an import needs ({err!r})") from err
 
 
-def _sha256(path: Path, progress: Callable[[int], None] | None = None) -> tuple[int, str]:
+def _sha256(path: Path) -> tuple[int, str]:
     digest, size = hashlib.sha256(), 0
     with open(path, "rb") as source:
         while chunk := source.read(CHUNK):
             digest.update(chunk)
             size += len(chunk)
-            if progress:
-                progress(len(chunk))
     return size, digest.hexdigest()
 
 
@@ -135,17 +134,46 @@ def checkpoint_members(store: store_mod.NotebookStore, checkpoint_id: int) -> di
     return members
 
 
-def write(
+def hash_members(index: Index, notebook: bytes, files: dict[str, Path]) -> None:
+    """The first pass: every member's size and SHA-256 into ``index`` (nothing kept)."""
+    index.members = {
+        NOTEBOOK: {"size": len(notebook), "sha256": hashlib.sha256(notebook).hexdigest()}
+    }
+    for name, path in files.items():
+        size, digest = _sha256(path)
+        index.members[name] = {"size": size, "sha256": digest}
+
+
+def _infos(index: Index) -> Iterator[tuple[tarfile.TarInfo, bytes | None]]:
+    """Each member's header, in order, with the bytes of the ones made here (the index)."""
+    raw = json.dumps(index.to_json(), indent=1).encode()
+    for name, size in [(INDEX, len(raw))] + [(n, m["size"]) for n, m in index.members.items()]:
+        info = tarfile.TarInfo(name)
+        # a whole second: a fraction would add a pax header of its own
+        info.size, info.mtime, info.mode = size, int(index.made_at), 0o600
+        yield info, raw if name == INDEX else None
+
+
+def tar_size(index: Index) -> int:
+    """The exact length of the stream ``write_tar`` writes for ``index`` (Content-Length)."""
+    size = 0
+    for info, _raw in _infos(index):
+        size += len(info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape"))
+        size += -(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    size += 2 * tarfile.BLOCKSIZE  # the end-of-archive blocks
+    return -(-size // tarfile.RECORDSIZE) * tarfile.RECORDSIZE  # padded to a whole record
+
+
+def write_tar(
     out: IO[bytes],
     index: Index,
     notebook: bytes,
     files: dict[str, Path],
     progress: Progress | None = None,
 ) -> None:
-    """The session file into ``out``: every member hashed (a first pass, nothing kept), then
-    the index and the members streamed; ``progress(done, total)`` over both passes."""
-    total = 2 * sum(path.stat().st_size for path in files.values())
-    done = 0
+    """The second pass: the index, then the members, streamed into ``out`` (of a hashed
+    ``index``); ``progress(done, total)`` in bytes of the members."""
+    total, done = sum(m["size"] for m in index.members.values()), 0
 
     def step(n: int) -> None:
         nonlocal done
@@ -153,29 +181,22 @@ def write(
         if progress:
             progress(done, total)
 
-    index.members = {
-        NOTEBOOK: {"size": len(notebook), "sha256": hashlib.sha256(notebook).hexdigest()}
-    }
-    for name, path in files.items():
-        size, digest = _sha256(path, step)
-        index.members[name] = {"size": size, "sha256": digest}
-    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        raw = json.dumps(index.to_json(), indent=1).encode()
-        _add_bytes(tar, INDEX, raw, index.made_at)
-        _add_bytes(tar, NOTEBOOK, notebook, index.made_at)
-        for name, path in files.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = index.members[name]["size"], index.made_at, 0o600
-            with open(path, "rb") as source:
-                tar.addfile(info, _Counting(source, step))
+    # Stream mode writes in chunks of bufsize: a few large writes, not one per 10 KiB record.
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tar:
+        for info, raw in _infos(index):
+            if raw is not None:
+                tar.addfile(info, io.BytesIO(raw))
+            elif info.name == NOTEBOOK:
+                tar.addfile(info, _Counting(io.BytesIO(notebook), step))
+            else:
+                with open(files[info.name], "rb") as source:
+                    tar.addfile(info, _Counting(source, step))
 
 
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:
-    import io
-
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode = len(data), mtime, 0o600
-    tar.addfile(info, io.BytesIO(data))
+def write(out: IO[bytes], index: Index, notebook: bytes, files: dict[str, Path]) -> None:
+    """The whole session file into ``out``: both passes."""
+    hash_members(index, notebook, files)
+    write_tar(out, index, notebook, files)
 
 
 class _Counting:

@@ -266,3 +266,31 @@ def test_the_command_line_exports_imports_and_trusts(two_servers) -> None:
     assert done.returncode == 0, done.stderr
     assert "1 of 1 paused sessions exported" in done.stdout, done.stdout
     assert (folder / "train.ipynb.jpsession").stat().st_size > 0
+
+
+def test_a_download_broken_off_stops_the_export_and_frees_the_store(two_servers) -> None:
+    import http.client
+    import urllib.parse
+
+    here, _there, tmp_path = two_servers
+    _data, _ = exported(
+        here.server, tmp_path / "here-root", "import numpy as np\nbig = np.ones(2**23)", "1"
+    )
+    # When a download of 64 MB is broken off after its first bytes
+    url = urllib.parse.urlsplit(here.server.url)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+    connection.request(
+        "GET",
+        f"{url.path}/jupyter-pause/export/train.ipynb",
+        headers={"Authorization": f"token {here.server.token}"},
+    )
+    answer = connection.getresponse()
+    assert answer.status == 200
+    assert int(answer.headers["Content-Length"]) > 64 * 2**20
+    answer.read(4096)
+    connection.close()
+    # Then the server lets go of the store: a checkpoint and a whole export go through
+    code, _ = here.server.request("POST", "/jupyter-pause/checkpoint/train.ipynb")
+    assert code == 200
+    status, data, headers = raw(here.server, "GET", "/jupyter-pause/export/train.ipynb")
+    assert status == 200 and len(data) == int(headers["Content-Length"])

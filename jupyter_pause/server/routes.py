@@ -189,7 +189,9 @@ class CheckpointActionHandler(PauseAPIHandler):
 
 class ExportHandler(PauseAPIHandler):
     """``GET /jupyter-pause/export/<path>``: the session file of the notebook's latest good
-    checkpoint (a running session is checkpointed first), streamed as a download."""
+    checkpoint (a running session is checkpointed first), streamed as a download with its
+    exact length: a thread writes the tar into a small queue this handler sends from, so
+    neither memory nor the disk holds a copy."""
 
     @tornado.web.authenticated
     @authorized
@@ -200,23 +202,26 @@ class ExportHandler(PauseAPIHandler):
         if record.state in RUNNING_STATES and record.kernel_id is not None:
             await self.run(orchestrator.checkpoint(path))
         notebook_file = Path(orchestrator.sessions.notebook_key(path))
-        exported = await self.run(
+        export = await self.run(
             asyncio.to_thread(
-                transfer.export_session, orchestrator.sessions, record, notebook_file, path
+                transfer.prepare_export, orchestrator.sessions, record, notebook_file, path
             )
         )
+        chunks = transfer.ChunkQueue()
+        writer = asyncio.get_running_loop().run_in_executor(None, chunks.fill, export)
         try:
             self.set_header("Content-Type", "application/x-tar")
-            self.set_header("Content-Length", str(exported.size))
-            self.set_header("Content-Disposition", f'attachment; filename="{exported.name}"')
-            self.set_header("X-Checkpoint-Id", str(exported.checkpoint_id))
-            with open(exported.file, "rb") as source:
-                while chunk := await asyncio.to_thread(source.read, CHUNK):
-                    self.write(chunk)
-                    await self.flush()
+            self.set_header("Content-Length", str(export.size))
+            self.set_header("Content-Disposition", f'attachment; filename="{export.name}"')
+            self.set_header("X-Checkpoint-Id", str(export.index.checkpoint_id))
+            while (chunk := await asyncio.to_thread(chunks.get)) is not None:
+                self.write(chunk)
+                await self.flush()
             await super(PauseAPIHandler, self).finish()
         finally:
-            exported.file.unlink(missing_ok=True)
+            chunks.cancel()  # a download broken off: the writer stops at its next chunk
+            await writer
+            export.close()
 
 
 @tornado.web.stream_request_body

@@ -10,11 +10,13 @@ paused, untrusted. Nothing of it is unpickled until the user trusts it.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
-import os
 import platform
+import queue
 import secrets
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,11 +39,66 @@ class ImportRefused(PauseError):
 
 
 @dataclass
-class Exported:
-    file: Path  # the session file, in the store's temporary folder: remove it once sent
+class Export:
+    """A session file ready to stream: its members hashed, its length known, the store
+    folder locked (collection keeps its hands off the files) until ``close``."""
+
+    index: session_file.Index
+    notebook: bytes
+    files: dict[str, Path]
+    size: int  # the exact length of the stream (Content-Length)
     name: str  # a file name for the download
-    size: int
-    checkpoint_id: int
+    lock: contextlib.ExitStack
+
+    def write(self, out: IO[bytes]) -> None:
+        session_file.write_tar(out, self.index, self.notebook, self.files)
+
+    def close(self) -> None:
+        self.lock.close()
+
+
+class ChunkQueue:
+    """A few chunks between the thread writing a tar stream and the handler sending it:
+    memory stays at ``depth`` chunks however large the stream."""
+
+    def __init__(self, depth: int = 8) -> None:
+        self._queue: queue.Queue[bytes | BaseException | None] = queue.Queue(depth)
+        self._cancelled = threading.Event()
+
+    def write(self, data: bytes) -> int:
+        while True:
+            if self._cancelled.is_set():
+                raise ConnectionAbortedError("the download was broken off")
+            try:
+                self._queue.put(bytes(data), timeout=0.5)
+                return len(data)
+            except queue.Full:
+                continue
+
+    def fill(self, export: Export) -> None:
+        """Write the whole stream (in the writer thread); None ends it, an error is passed on."""
+        try:
+            export.write(self)  # type: ignore[arg-type]
+            self._put_end(None)
+        except BaseException as err:
+            self._put_end(err)
+
+    def _put_end(self, end: BaseException | None) -> None:
+        while not self._cancelled.is_set():
+            try:
+                self._queue.put(end, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def get(self) -> bytes | None:
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        self._cancelled.set()
 
 
 def _staging_root(store_root: Path) -> Path:
@@ -56,10 +113,11 @@ def upload_file(store_root: Path) -> IO[bytes]:
     return tempfile.TemporaryFile(dir=folder)
 
 
-def export_session(
+def prepare_export(
     sessions: Sessions, record: SessionRecord, notebook_file: Path, server_path: str
-) -> Exported:
-    """The session file of ``record``'s latest good checkpoint (blocking: run off the loop)."""
+) -> Export:
+    """``record``'s latest good checkpoint and notebook, hashed, ready to stream (blocking:
+    run off the loop). Nothing is copied: the stream reads the store's files."""
     store = sessions.store_for(record)
     checkpoint_id = store.latest_id()
     if checkpoint_id is None:
@@ -68,7 +126,9 @@ def export_session(
         notebook = notebook_file.read_bytes()
     except OSError as err:
         raise Conflict(f"{record.path} cannot be read to export it ({err.strerror})") from err
-    with store.locked():  # collection keeps its hands off the files meanwhile
+    lock = contextlib.ExitStack()
+    lock.enter_context(store.locked())
+    try:
         manifest = store.read_manifest(checkpoint_id)
         files = session_file.checkpoint_members(store, checkpoint_id)
         index = session_file.Index(
@@ -80,18 +140,13 @@ def export_session(
             made_at=time.time(),
             environment=dict(manifest.get("environment") or {}),
         )
-        folder = _staging_root(sessions.store_root)
-        ensure_private_dir(folder)
-        fd, name = tempfile.mkstemp(dir=folder, prefix="export-", suffix=session_file.SUFFIX)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                session_file.write(out, index, notebook, files)
-        except BaseException:
-            os.unlink(name)
-            raise
+        session_file.hash_members(index, notebook, files)
+    except BaseException:
+        lock.close()
+        raise
     stem = Path(server_path).stem or "session"
-    return Exported(
-        Path(name), f"{stem}{session_file.SUFFIX}", os.path.getsize(name), checkpoint_id
+    return Export(
+        index, notebook, files, session_file.tar_size(index), f"{stem}{session_file.SUFFIX}", lock
     )
 
 
