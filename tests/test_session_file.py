@@ -121,6 +121,9 @@ def test_a_session_exported_here_resumes_there_once_trusted(two_servers) -> None
     assert session["message"].startswith(f"Paused (imported from {index['made_by']} on "), session
     assert "Trust it to resume: restoring runs code from it." in session["message"], session
     assert (tmp_path / "there-root" / "moved" / "train.ipynb").exists()
+    # (the same name again is refused before the upload is taken)
+    status, body, _ = raw(there.server, "POST", "/jupyter-pause/import/moved/train.ipynb", data)
+    assert status == 409 and b"exists already" in body, body
 
     # Then it is not restored before its user trusts it: nothing is unpickled
     code, refused = there.server.request("POST", "/jupyter-pause/resume/moved/train.ipynb")

@@ -226,9 +226,10 @@ class ExportHandler(PauseAPIHandler):
 
 @tornado.web.stream_request_body
 class ImportHandler(PauseAPIHandler):
-    """``POST /jupyter-pause/import/<path>``: a session file in the body (streamed to disk,
-    never held in memory) becomes notebook ``<path>``, paused and untrusted (201). The user is
-    checked before a byte of the body is taken."""
+    """``POST /jupyter-pause/import/<path>``: a session file in the body becomes notebook
+    ``<path>``, paused and untrusted (201). The user and the path are checked before a byte of
+    the body is taken; the body is read and checked by a thread as it arrives (into a staging
+    folder of the store), never held in memory nor copied whole first."""
 
     async def prepare(self) -> None:
         await super().prepare()
@@ -236,30 +237,43 @@ class ImportHandler(PauseAPIHandler):
             raise tornado.web.HTTPError(403)
         if not self.authorizer.is_authorized(self, self.current_user, "write", AUTH_RESOURCE):
             raise tornado.web.HTTPError(403, "Not authorised to import sessions")
+        path = clean_path(self.path_kwargs["path"])
+        sessions = self.orchestrator.sessions
+        await self.run(
+            asyncio.to_thread(
+                transfer.require_new, sessions, path, Path(sessions.notebook_key(path))
+            )
+        )
         self.request.connection.set_max_body_size(MAX_IMPORT_BYTES)
-        self._upload = transfer.upload_file(self.orchestrator.store_root)  # closed on_finish
+        self._body = transfer.ChunkReader()
+        loop = asyncio.get_running_loop()
+        self._staging = loop.run_in_executor(None, self._stage, sessions)
 
-    def data_received(self, chunk: bytes) -> None:
-        self._upload.write(chunk)
+    def _stage(self, sessions: Any) -> Any:
+        try:
+            return transfer.stage(sessions, self._body)
+        finally:
+            self._body.close()  # refused early: the rest of the body is dropped, not waited on
 
-    def on_finish(self) -> None:
-        upload = getattr(self, "_upload", None)
-        if upload is not None:
-            upload.close()
+    async def data_received(self, chunk: bytes) -> None:
+        await asyncio.to_thread(self._body.put, chunk)
+
+    def on_connection_close(self) -> None:
+        body = getattr(self, "_body", None)
+        if body is not None:  # the upload broken off: the reader sees a truncated file
+            body.break_off()
+        super().on_connection_close()
 
     @tornado.web.authenticated
     @authorized
     async def post(self, path: str) -> None:
         path = clean_path(path)
         sessions = self.orchestrator.sessions
-        self._upload.seek(0)
+        await asyncio.to_thread(self._body.put, None)
+        staged = await self.run(self._staging)
         record, differs = await self.run(
             asyncio.to_thread(
-                transfer.import_session,
-                sessions,
-                self._upload,
-                path,
-                Path(sessions.notebook_key(path)),
+                transfer.place_import, sessions, staged, path, Path(sessions.notebook_key(path))
             )
         )
         self.set_status(201)

@@ -15,7 +15,6 @@ import getpass
 import platform
 import queue
 import secrets
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from .. import session_file
 from ..kernel import imported as imported_mod
 from ..kernel import store as store_mod
 from ..kernel.environment_diff import differences
-from ..kernel.files import ensure_private_dir, write_file_atomically
+from ..kernel.files import write_file_atomically
 from ..records import SessionRecord
 from .sessions import Sessions
 from .states import RUNNING_STATES, Conflict, PauseError, UnknownSession
@@ -105,14 +104,6 @@ def _staging_root(store_root: Path) -> Path:
     return store_root / ".transfer"
 
 
-def upload_file(store_root: Path) -> IO[bytes]:
-    """A nameless file beside the store for an upload (the same disk as the checkpoints,
-    never memory or a small /tmp)."""
-    folder = _staging_root(store_root)
-    ensure_private_dir(folder)
-    return tempfile.TemporaryFile(dir=folder)
-
-
 def prepare_export(
     sessions: Sessions, record: SessionRecord, notebook_file: Path, server_path: str
 ) -> Export:
@@ -150,19 +141,29 @@ def prepare_export(
     )
 
 
-def import_session(
-    sessions: Sessions, upload: IO[bytes], server_path: str, notebook_file: Path
-) -> tuple[SessionRecord, list[str]]:
-    """Check ``upload`` and place it as notebook ``server_path`` (blocking: off the loop);
-    the record (paused, untrusted) and what differs from this environment."""
+def require_new(sessions: Sessions, server_path: str, notebook_file: Path) -> None:
+    """Conflict when notebook ``server_path`` exists here already (asked before the upload)."""
     if notebook_file.exists() or server_path in sessions.records:
         raise Conflict(f"{server_path} exists already: import the session under another name")
+
+
+def stage(sessions: Sessions, upload: IO[bytes]) -> session_file.Staged:
+    """Read and check a session file into a staging folder of the store (blocking: run in a
+    thread; ``upload`` may be the request's body as it arrives, ``ChunkReader``)."""
     staging = _staging_root(sessions.store_root) / f"import-{secrets.token_hex(6)}"
     try:
-        staged = session_file.read(upload, staging)
+        return session_file.read(upload, staging)
     except session_file.SessionFileError as err:
         raise ImportRefused(f"Session file refused, nothing was imported: {err}") from err
+
+
+def place_import(
+    sessions: Sessions, staged: session_file.Staged, server_path: str, notebook_file: Path
+) -> tuple[SessionRecord, list[str]]:
+    """Place a checked session as notebook ``server_path`` (blocking): the record (paused,
+    untrusted) and what differs from this environment. The staging folder goes either way."""
     try:
+        require_new(sessions, server_path, notebook_file)
         key = sessions.notebook_key(server_path)
         store = session_file.place(staged, sessions.store_root, key)
         notebook_file.parent.mkdir(parents=True, exist_ok=True)
@@ -178,6 +179,54 @@ def import_session(
     sessions.records[server_path] = record
     sessions.set(record, "paused", imported_message(index, trusted=False, differs=differs))
     return record, differs
+
+
+class ChunkReader:
+    """The request's body as a file for the thread that reads it as it arrives: a few chunks
+    in flight (the handler waits while they are full, and so does the client)."""
+
+    def __init__(self, depth: int = 8) -> None:
+        self._queue: queue.Queue[bytes | None] = queue.Queue(depth)
+        self._buffer = b""
+        self._ended = False
+        self._closed = threading.Event()
+        self._broken = threading.Event()
+
+    def put(self, chunk: bytes | None) -> None:
+        """A chunk of the body (None: its end); dropped once the reader has stopped."""
+        while not self._closed.is_set():
+            try:
+                self._queue.put(chunk, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._ended and (size < 0 or len(self._buffer) < size):
+            try:
+                chunk = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                if self._broken.is_set():  # the upload was broken off: a truncated file
+                    self._ended = True
+                continue
+            if chunk is None:
+                self._ended = True
+            else:
+                self._buffer += chunk
+        if size < 0:
+            size = len(self._buffer)
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+    def break_off(self) -> None:
+        """The client went away mid-upload: the reader ends with what it has (truncated)."""
+        self._broken.set()
+
+    def close(self) -> None:
+        """The reader is done (or refused the file): later chunks are dropped, not waited on."""
+        self._closed.set()
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)  # a read still waiting ends
 
 
 def _latest(store: store_mod.NotebookStore) -> dict[str, Any] | None:
