@@ -252,7 +252,7 @@ def _read(source: IO[bytes], staging: Path, progress: Progress | None) -> Index:
     seen: set[str] = set()
     done = 0
     try:
-        with tarfile.open(fileobj=source, mode="r|") as tar:
+        with tarfile.open(fileobj=source, mode="r|", bufsize=CHUNK) as tar:
             for member in tar:
                 name = _safe_name(member.name)
                 if not member.isreg():

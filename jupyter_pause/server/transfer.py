@@ -187,7 +187,7 @@ class ChunkReader:
 
     def __init__(self, depth: int = 8) -> None:
         self._queue: queue.Queue[bytes | None] = queue.Queue(depth)
-        self._buffer = b""
+        self._chunk, self._offset = b"", 0
         self._ended = False
         self._closed = threading.Event()
         self._broken = threading.Event()
@@ -202,21 +202,35 @@ class ChunkReader:
                 continue
 
     def read(self, size: int = -1) -> bytes:
-        while not self._ended and (size < 0 or len(self._buffer) < size):
+        parts: list[bytes] = []
+        wanted = size
+        while wanted != 0 and not self._ended:
+            if self._offset == len(self._chunk):
+                if not self._next_chunk():
+                    break
+                continue
+            end = len(self._chunk) if wanted < 0 else min(len(self._chunk), self._offset + wanted)
+            parts.append(self._chunk[self._offset : end])
+            if wanted > 0:
+                wanted -= end - self._offset
+            self._offset = end
+        return b"".join(parts)
+
+    def _next_chunk(self) -> bool:
+        """The next chunk of the body; False at its end (or once it was broken off)."""
+        while True:
             try:
                 chunk = self._queue.get(timeout=0.5)
             except queue.Empty:
                 if self._broken.is_set():  # the upload was broken off: a truncated file
                     self._ended = True
+                    return False
                 continue
             if chunk is None:
                 self._ended = True
-            else:
-                self._buffer += chunk
-        if size < 0:
-            size = len(self._buffer)
-        data, self._buffer = self._buffer[:size], self._buffer[size:]
-        return data
+                return False
+            self._chunk, self._offset = chunk, 0
+            return True
 
     def break_off(self) -> None:
         """The client went away mid-upload: the reader ends with what it has (truncated)."""
