@@ -1,6 +1,7 @@
 import { ServerConnection } from '@jupyterlab/services';
 
-import { requestAPI } from './request';
+import { readError, requestAPI } from './request';
+import { ProgressCallback, attachmentName, download, upload } from './transfer';
 
 /**
  * Accelerators of the backend, as answered in `status.resources`.
@@ -350,6 +351,48 @@ export interface ITimeline {
 }
 
 /**
+ * A session file as `GET /jupyter-pause/export/<path>` answers it.
+ */
+export interface ISessionFile {
+  /**
+   * The file (an uncompressed tar).
+   */
+  blob: Blob;
+  /**
+   * Its name, e.g. `model.jpsession`.
+   */
+  name: string;
+  /**
+   * The checkpoint it holds (`X-Checkpoint-Id`), or `null` when unsaid.
+   */
+  checkpointId: string | null;
+}
+
+/**
+ * The JSON answered by `POST /jupyter-pause/import/<path>` (201).
+ */
+export interface IImportResponse {
+  /**
+   * The imported session: paused, untrusted.
+   */
+  session: ISession;
+  /**
+   * What differs here from where the session was made (packages, Python, GPU).
+   */
+  differences: string[];
+}
+
+/**
+ * The media type of a session file.
+ */
+export const SESSION_FILE_TYPE = 'application/x-tar';
+
+/**
+ * The file name extension of a session file.
+ */
+export const SESSION_FILE_EXTENSION = '.jpsession';
+
+/**
  * Whether the server side answers: `ok`, `missing` (the server extension is
  * not installed: 404 on `status`) or `unreachable` (no answer at all).
  */
@@ -524,6 +567,70 @@ export class PauseClient {
    */
   getTimeline(path: string): Promise<ITimeline> {
     return this._request<ITimeline>(`timeline/${encodePath(path)}`, 'GET');
+  }
+
+  /**
+   * Download the session file of a notebook: its notebook and latest good
+   * checkpoint (a running session is checkpointed first).
+   *
+   * @param path Notebook path relative to the server root.
+   * @param onProgress Told of the bytes received.
+   * @returns The file, its name and its checkpoint.
+   */
+  async exportSession(
+    path: string,
+    onProgress?: ProgressCallback
+  ): Promise<ISessionFile> {
+    const { blob, response } = await download(
+      `export/${encodePath(path)}`,
+      this._serverSettings,
+      onProgress
+    );
+    const stem = (path.split('/').pop() || 'session').replace(/\.ipynb$/, '');
+    return {
+      blob,
+      name:
+        attachmentName(response.headers.get('Content-Disposition')) ||
+        `${stem}${SESSION_FILE_EXTENSION}`,
+      checkpointId: response.headers.get('X-Checkpoint-Id')
+    };
+  }
+
+  /**
+   * Upload a session file as notebook `path`: it is placed paused and
+   * untrusted (see `trust`).
+   *
+   * @param path The new notebook's path relative to the server root (it must not exist).
+   * @param file The session file.
+   * @param onProgress Told of the bytes sent.
+   * @returns The session and what differs here from where it was made.
+   */
+  async importSession(
+    path: string,
+    file: Blob,
+    onProgress?: ProgressCallback
+  ): Promise<IImportResponse> {
+    const response = await upload(
+      `import/${encodePath(path)}`,
+      file,
+      SESSION_FILE_TYPE,
+      this._serverSettings,
+      onProgress
+    );
+    if (!response.ok) {
+      throw await readError(response);
+    }
+    return (await response.json()) as IImportResponse;
+  }
+
+  /**
+   * Trust an imported session: its resume may then restore (unpickle) it.
+   *
+   * @param path Notebook path relative to the server root.
+   * @returns The session.
+   */
+  trust(path: string): Promise<ISession> {
+    return this._request<ISession>(`trust/${encodePath(path)}`, 'POST');
   }
 
   /**

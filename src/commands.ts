@@ -13,6 +13,8 @@ import { errorMessage } from './api';
 import { pauseConsequence } from './backendnotes';
 import { pauseIcon, resumeIcon, timelineIcon } from './icons';
 import { NotebookPauseModel, PauseManager } from './model';
+import { resumeTrusting } from './sessionfile';
+import { confirmTrust } from './sessionfilecommands';
 import { TimelinePanel } from './timeline';
 import { IPauseView, formatBytes, formatDuration } from './view';
 
@@ -133,8 +135,27 @@ export function addCommands(
     if (!model) {
       return;
     }
+    const path = model.path;
     try {
-      model.setSession(await manager.client.resume(model.path, { onCpu }));
+      // An imported session is restored only once the user trusts it.
+      const session = await resumeTrusting(manager.client, path, {
+        onCpu,
+        untrusted: model.untrustedImport,
+        confirm: request => {
+          if (request.origin) {
+            // The chip says it from now on, whatever the answer.
+            manager.noteUntrustedImport(path, request.origin);
+          }
+          return confirmTrust(request, trans);
+        },
+        onTrusted: trusted => {
+          manager.forgetImport(path);
+          model.setSession(trusted);
+        }
+      });
+      if (session) {
+        model.setSession(session);
+      }
     } catch (error) {
       Notification.error(trans.__('Cannot resume: %1', errorMessage(error)), {
         autoClose: 8000

@@ -26,10 +26,15 @@ import { DEFAULT_SETTINGS, IPauseSettings, PauseManager } from './model';
 // A status item is registered with its widget: activation needs it at once.
 // eslint-disable-next-line jupyter/prefer-lazy-imports
 import { PauseStatusItem } from './statusbar';
+import {
+  SessionFileCommandIDs,
+  addSessionFileCommands
+} from './sessionfilecommands';
 import { TimelinePanel } from './timeline';
 import { IPauseManager } from './tokens';
 
 export { CommandIDs } from './commands';
+export { SessionFileCommandIDs } from './sessionfilecommands';
 export { IPauseManager } from './tokens';
 
 /**
@@ -112,6 +117,7 @@ const plugin: JupyterFrontEndPlugin<PauseManager> = {
     }
 
     addCommands(app, manager, tracker, timelines, trans);
+    addSessionFileCommands(app, manager, tracker, trans);
 
     if (toolbarRegistry) {
       // The pause/resume button shows its label ("Pause" or "Resume") next to
@@ -150,7 +156,10 @@ const plugin: JupyterFrontEndPlugin<PauseManager> = {
         CommandIDs.pause,
         CommandIDs.resume,
         CommandIDs.checkpoint,
-        CommandIDs.timeline
+        CommandIDs.timeline,
+        SessionFileCommandIDs.exportSession,
+        SessionFileCommandIDs.importSession,
+        SessionFileCommandIDs.trustSession
       ]) {
         palette.addItem({ command, category });
       }

@@ -12,6 +12,7 @@ import {
   ServerAvailability,
   errorMessage
 } from './api';
+import { IImportOrigin, importOrigin, importState } from './sessionfile';
 import { IPauseView, inFlight, sessionView } from './view';
 
 /**
@@ -163,6 +164,47 @@ export class PauseManager implements IDisposable {
   }
 
   /**
+   * Where an imported session of this page came from, while it is not trusted.
+   *
+   * The server's session message names the origin only until a kernel is
+   * started for the notebook (opening it starts one): the page remembers it
+   * from the import, or from the server's words, until the session is trusted
+   * or runs.
+   *
+   * @param path Notebook path relative to the server root.
+   * @returns The origin, or `null` when no untrusted import is known.
+   */
+  untrustedImport(path: string): IImportOrigin | null {
+    return this._untrustedImports.get(path) ?? null;
+  }
+
+  /**
+   * Remember that a notebook's session is an untrusted import.
+   *
+   * @param path Notebook path relative to the server root.
+   * @param origin Where it came from.
+   */
+  noteUntrustedImport(path: string, origin: IImportOrigin): void {
+    const known = this._untrustedImports.get(path);
+    if (JSON.stringify(known) === JSON.stringify(origin)) {
+      return;
+    }
+    this._untrustedImports.set(path, origin);
+    this._changed.emit(undefined);
+  }
+
+  /**
+   * Forget an untrusted import (it was trusted, or its session runs).
+   *
+   * @param path Notebook path relative to the server root.
+   */
+  forgetImport(path: string): void {
+    if (this._untrustedImports.delete(path)) {
+      this._changed.emit(undefined);
+    }
+  }
+
+  /**
    * Dispose the manager and every model.
    */
   dispose(): void {
@@ -189,6 +231,7 @@ export class PauseManager implements IDisposable {
   private _settings: IPauseSettings = { ...DEFAULT_SETTINGS };
   private _changed = new Signal<this, void>(this);
   private _models = new Map<NotebookPanel, NotebookPauseModel>();
+  private _untrustedImports = new Map<string, IImportOrigin>();
   private _isDisposed = false;
 }
 
@@ -241,6 +284,13 @@ export class NotebookPauseModel implements IDisposable {
   }
 
   /**
+   * Where the session came from when it is an import not trusted yet, else `null`.
+   */
+  get untrustedImport(): IImportOrigin | null {
+    return this.manager.untrustedImport(this.path);
+  }
+
+  /**
    * What to show now.
    */
   get view(): IPauseView {
@@ -250,7 +300,10 @@ export class NotebookPauseModel implements IDisposable {
         ? this.manager.server
         : 'unknown',
       this.manager.trans,
-      { restoresOnCpu: this.manager.status?.restores_on_cpu ?? false }
+      {
+        restoresOnCpu: this.manager.status?.restores_on_cpu ?? false,
+        untrustedImport: this.untrustedImport
+      }
     );
   }
 
@@ -350,7 +403,9 @@ export class NotebookPauseModel implements IDisposable {
     if (
       first &&
       session?.state === 'paused' &&
-      this.manager.settings.autoResumeOnOpen
+      this.manager.settings.autoResumeOnOpen &&
+      // An untrusted import waits for the user's trust.
+      !this.untrustedImport
     ) {
       try {
         this._set(await this.manager.client.resume(this.path));
@@ -365,6 +420,7 @@ export class NotebookPauseModel implements IDisposable {
   private _set(session: ISession | null): void {
     const before = JSON.stringify(this._session);
     this._session = session;
+    this._noteImport(session);
     if (session?.state === 'paused') {
       // A live resume brings the same kernel id back: reconnect to it again then.
       this._reconnectedTo = null;
@@ -376,6 +432,24 @@ export class NotebookPauseModel implements IDisposable {
     }
     void this._reconnect();
     this._askKernelStatus();
+  }
+
+  /**
+   * Keep the manager's record of an untrusted import in step with the
+   * session: learnt from its message, forgotten once trusted or running (an
+   * untrusted import is never resumed).
+   */
+  private _noteImport(session: ISession | null): void {
+    if (!session) {
+      return;
+    }
+    const state = importState(session);
+    const origin = state === 'untrusted' ? importOrigin(session.message) : null;
+    if (origin && session.state === 'paused') {
+      this.manager.noteUntrustedImport(this.path, origin);
+    } else if (state === 'trusted' || session.state !== 'paused') {
+      this.manager.forgetImport(this.path);
+    }
   }
 
   /**

@@ -11,6 +11,7 @@ import type {
   ServerAvailability,
   SessionState
 } from './api';
+import type { IImportOrigin } from './sessionfile';
 
 /**
  * The colour family of a chip.
@@ -41,6 +42,11 @@ export interface IViewOptions {
    * (`GET status`'s `restores_on_cpu`).
    */
   restoresOnCpu?: boolean;
+  /**
+   * Where the session came from when it is an import not trusted yet (its
+   * resume asks for trust first), else `null`.
+   */
+  untrustedImport?: IImportOrigin | null;
 }
 
 /**
@@ -341,6 +347,35 @@ function unrestoredView(
 }
 
 /**
+ * A paused session imported from a session file, not trusted yet.
+ */
+function untrustedImportView(
+  origin: IImportOrigin,
+  trans: TranslationBundle
+): Pick<IPauseView, 'label' | 'tone' | 'tooltip'> {
+  const lines = [
+    trans.__(
+      'This session was made by %1 on %2 (%3) and imported from a session file. Restoring it runs code from the file: Resume asks you to trust it first.',
+      origin.madeBy,
+      origin.madeOn,
+      origin.madeAt
+    )
+  ];
+  if (origin.differences.length) {
+    lines.push(trans.__('Differs here: %1', origin.differences.join('; ')));
+  }
+  return {
+    label: trans.__(
+      'Paused (imported from %1 on %2)',
+      origin.madeBy,
+      origin.madeOn
+    ),
+    tone: 'warning',
+    tooltip: lines.join('\n')
+  };
+}
+
+/**
  * The states of a pause under way or done: the server may go away after them.
  */
 const PAUSE_FLOW: ReadonlySet<string> = new Set([
@@ -473,6 +508,13 @@ function baseView(
       };
     case 'paused': {
       const since = formatClock(session.since);
+      if (options.untrustedImport) {
+        return {
+          ...base,
+          canResume: true,
+          ...untrustedImportView(options.untrustedImport, trans)
+        };
+      }
       if (session.unrestored_kernel) {
         return { ...base, canResume: true, ...unrestoredView(session, trans) };
       }

@@ -125,7 +125,11 @@ def test_a_session_exported_here_resumes_there_once_trusted(two_servers) -> None
     status, body, _ = raw(there.server, "POST", "/jupyter-pause/import/moved/train.ipynb", data)
     assert status == 409 and b"exists already" in body, body
 
-    # Then it is not restored before its user trusts it: nothing is unpickled
+    # Then opening it (JupyterLab starts a kernel) keeps it an import waiting for trust
+    there.server.open_notebook("moved/train.ipynb")
+    opened = there.server.session("moved/train.ipynb")
+    assert opened["message"] == session["message"], opened
+    # and it is not restored before its user trusts it: nothing is unpickled
     code, refused = there.server.request("POST", "/jupyter-pause/resume/moved/train.ipynb")
     assert code == 409, refused
     assert "Restoring it runs code from it: trust it first" in refused["message"], refused

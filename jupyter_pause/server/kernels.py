@@ -20,6 +20,7 @@ from ..backends.base import Backend
 from ..formatting import format_bytes, format_count
 from ..policy import Policy
 from ..records import KernelActivity, SessionRecord
+from . import transfer
 from .kernel_bridge import KernelBridge, KernelCallError
 from .sessions import Sessions, intact_text, resume_target, spec
 from .states import IN_FLIGHT_STATES, RUNNING_STATES
@@ -192,7 +193,12 @@ class Kernels:
             # the user resumes into it. Its token says nothing about the paused process.
             target = resume_target(record, view) or latest
             record.checkpoint = target
-            self.sessions.set(record, record.state, _resume_offer(target), unrestored_kernel=True)
+            offer = _resume_offer(target)
+            if record.message.startswith(transfer.IMPORTED) and await asyncio.to_thread(
+                transfer.untrusted, self.sessions, record
+            ):
+                offer = record.message  # an import stays one, waiting for its user's trust
+            self.sessions.set(record, record.state, offer, unrestored_kernel=True)
         elif record.state not in RUNNING_STATES:
             self.sessions.set(record, "active", "Running.", unrestored_kernel=False)
         if not record.gpus and record.gpus_needed:

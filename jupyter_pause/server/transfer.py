@@ -250,9 +250,13 @@ def _latest(store: store_mod.NotebookStore) -> dict[str, Any] | None:
     return view.latest
 
 
+#: How an imported session's message begins (the frontend keys its trust question on it).
+IMPORTED = "Paused (imported from "
+
+
 def imported_message(index: session_file.Index, trusted: bool, differs: list[str]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(index.made_at))
-    text = f"Paused (imported from {index.made_by} on {index.made_on}, {when})."
+    text = f"{IMPORTED}{index.made_by} on {index.made_on}, {when})."
     text += (
         " Resume restores it from files."
         if trusted

@@ -1,0 +1,470 @@
+/**
+ * The commands of session files: Export Session… (download the current
+ * notebook with its saved state as one `.jpsession` file), Import Session…
+ * (upload one as a new notebook, paused and untrusted) and Trust Imported
+ * Session…, with the trust question the resume asks too.
+ */
+import { JupyterFrontEnd } from '@jupyterlab/application';
+import {
+  Dialog,
+  InputDialog,
+  Notification,
+  showDialog
+} from '@jupyterlab/apputils';
+import { INotebookTracker } from '@jupyterlab/notebook';
+import { TranslationBundle } from '@jupyterlab/translation';
+import { Widget } from '@lumino/widgets';
+
+import { SESSION_FILE_EXTENSION, errorMessage } from './api';
+import { NotebookPauseModel, PauseManager } from './model';
+import {
+  ITrustRequest,
+  cleanNotebookPath,
+  defaultImportPath,
+  importOrigin
+} from './sessionfile';
+import { ITransferProgress, saveBlob } from './transfer';
+import { formatBytes } from './view';
+
+/**
+ * The command ids of session files.
+ */
+export const SessionFileCommandIDs = {
+  /**
+   * Download the current notebook and its latest checkpoint as a session file.
+   */
+  exportSession: 'jupyter-pause:export-session',
+  /**
+   * Upload a session file as a new notebook (paused, untrusted).
+   */
+  importSession: 'jupyter-pause:import-session',
+  /**
+   * Trust the imported session of the current notebook (its resume may restore it).
+   */
+  trustSession: 'jupyter-pause:trust-session'
+} as const;
+
+/**
+ * The class of the file input an import opens (hidden; tests set its files).
+ */
+export const IMPORT_INPUT_CLASS = 'jp-JupyterPause-ImportInput';
+
+/**
+ * Ask whether to trust an imported session.
+ *
+ * @param request What the server said of the session.
+ * @param trans The translation bundle.
+ * @param okLabel The label of the accepting button.
+ * @returns `true` when the user trusts it.
+ */
+export async function confirmTrust(
+  request: ITrustRequest,
+  trans: TranslationBundle,
+  okLabel: string = trans.__('Trust and Resume')
+): Promise<boolean> {
+  const answer = await showDialog({
+    title: trans.__('Trust this imported session?'),
+    body: trustBody(request, trans),
+    buttons: [
+      Dialog.cancelButton({ label: trans.__('Cancel') }),
+      Dialog.warnButton({ label: okLabel })
+    ],
+    defaultButton: 0
+  });
+  return answer.button.accept;
+}
+
+/**
+ * The words of the trust question: who made the session, where, when, and
+ * what trusting it means.
+ */
+function trustBody(request: ITrustRequest, trans: TranslationBundle): Widget {
+  const node = document.createElement('div');
+  node.className = 'jp-JupyterPause-TrustBody';
+  const paragraph = (text: string) => {
+    const p = document.createElement('p');
+    p.textContent = text;
+    node.appendChild(p);
+  };
+  const origin = request.origin;
+  if (origin) {
+    paragraph(
+      trans.__(
+        'It was made by %1 on %2, on %3, and imported here from a session file.',
+        origin.madeBy,
+        origin.madeOn,
+        origin.madeAt
+      )
+    );
+  } else {
+    paragraph(
+      request.message ||
+        trans.__(
+          'This notebook was imported from a session file, made by someone else or elsewhere.'
+        )
+    );
+  }
+  paragraph(
+    trans.__(
+      'Restoring it runs code from the file: its variables are unpickled, and unpickling can run any code the file holds, as you, here. Trust it only if you trust %1 and the way the file came to you.',
+      origin?.madeBy ?? trans.__('whoever made it')
+    )
+  );
+  if (origin?.differences.length) {
+    paragraph(trans.__('Differs here: %1', origin.differences.join('; ')));
+  }
+  return new Widget({ node });
+}
+
+/**
+ * `12.3 MB of 40.0 MB (30%)`, or `12.3 MB` when the total is unknown.
+ *
+ * @param progress How far a transfer got.
+ * @param trans The translation bundle.
+ * @returns The words.
+ */
+export function transferText(
+  progress: ITransferProgress,
+  trans: TranslationBundle
+): string {
+  if (!(progress.total > 0)) {
+    return formatBytes(progress.done);
+  }
+  const percent = Math.min(
+    100,
+    Math.floor((100 * progress.done) / progress.total)
+  );
+  return trans.__(
+    '%1 of %2 (%3%)',
+    formatBytes(progress.done),
+    formatBytes(progress.total),
+    percent
+  );
+}
+
+/**
+ * A notification that follows a long transfer: in progress with its bytes,
+ * then its outcome.
+ */
+class TransferNotice {
+  /**
+   * Show the notification.
+   *
+   * @param what What is done, e.g. `Exporting model.ipynb`.
+   * @param trans The translation bundle.
+   */
+  constructor(
+    private _what: string,
+    private _trans: TranslationBundle
+  ) {
+    this._id = Notification.emit(_what, 'in-progress', { autoClose: false });
+  }
+
+  /**
+   * Show how far the transfer got (at most a few times a second).
+   *
+   * @param progress The bytes moved.
+   */
+  progress(progress: ITransferProgress): void {
+    const now = Date.now();
+    const last = progress.total > 0 && progress.done >= progress.total;
+    if (!last && now - this._shown < 250) {
+      return;
+    }
+    this._shown = now;
+    Notification.update({
+      id: this._id,
+      message: this._trans.__(
+        '%1: %2',
+        this._what,
+        transferText(progress, this._trans)
+      ),
+      type: 'in-progress',
+      autoClose: false,
+      progress:
+        progress.total > 0
+          ? Math.min(1, progress.done / progress.total)
+          : undefined
+    });
+  }
+
+  /**
+   * Show the outcome.
+   *
+   * @param message The words.
+   * @param type How it went.
+   * @param autoClose When it goes away (ms), or `false`.
+   */
+  end(
+    message: string,
+    type: 'success' | 'warning' | 'error',
+    autoClose: number | false
+  ): void {
+    const options = { message, type, autoClose };
+    // The user may have dismissed the progress: say the outcome anyway.
+    if (!Notification.update({ id: this._id, ...options })) {
+      Notification.emit(message, type, { autoClose });
+    }
+  }
+
+  private _id: string;
+  private _shown = 0;
+}
+
+/**
+ * Let the user pick a session file (a hidden `<input type="file">`).
+ *
+ * @returns The file, or `null` when the picker was cancelled.
+ */
+function pickSessionFile(): Promise<File | null> {
+  // An input left by a picker closed without a cancel event.
+  document.querySelectorAll(`.${IMPORT_INPUT_CLASS}`).forEach(node => {
+    node.remove();
+  });
+  const input = document.createElement('input');
+  input.type = 'file';
+  input.accept = SESSION_FILE_EXTENSION;
+  input.className = IMPORT_INPUT_CLASS;
+  input.style.display = 'none';
+  document.body.appendChild(input);
+  return new Promise<File | null>(resolve => {
+    const settle = (file: File | null) => {
+      input.remove();
+      resolve(file);
+    };
+    input.addEventListener('change', () => settle(input.files?.[0] ?? null), {
+      once: true
+    });
+    input.addEventListener('cancel', () => settle(null), { once: true });
+    input.click();
+  });
+}
+
+/**
+ * The folder the default file browser shows, or `''` (the server root).
+ */
+function fileBrowserDirectory(app: JupyterFrontEnd): string {
+  const shell = app.shell as Partial<JupyterFrontEnd.IShell>;
+  if (typeof shell.widgets !== 'function') {
+    return '';
+  }
+  for (const widget of shell.widgets('left')) {
+    const path = (widget as { model?: { path?: unknown } }).model?.path;
+    if (widget.id === 'filebrowser' && typeof path === 'string') {
+      // A path of another drive says so before a colon: not the server's files.
+      return path.includes(':') ? '' : path;
+    }
+  }
+  return '';
+}
+
+/**
+ * The last path segment of a notebook path.
+ */
+function baseName(path: string): string {
+  return path.split('/').pop() || path;
+}
+
+/**
+ * Register the commands of session files.
+ *
+ * @param app The application.
+ * @param manager The shared manager.
+ * @param tracker The notebook tracker.
+ * @param trans The translation bundle.
+ */
+export function addSessionFileCommands(
+  app: JupyterFrontEnd,
+  manager: PauseManager,
+  tracker: INotebookTracker,
+  trans: TranslationBundle
+): void {
+  const { commands } = app;
+  const noArgs = {
+    args: { type: 'object' as const, properties: {} }
+  };
+  const current = (): NotebookPauseModel | null => {
+    const panel = tracker.currentWidget;
+    return panel ? manager.modelFor(panel) : null;
+  };
+
+  commands.addCommand(SessionFileCommandIDs.exportSession, {
+    label: trans.__('Export Session…'),
+    caption: trans.__(
+      'Download this notebook and its saved kernel state as one %1 file, to import on another server (a running kernel is checkpointed first)',
+      SESSION_FILE_EXTENSION
+    ),
+    describedBy: noArgs,
+    isEnabled: () => {
+      const view = current()?.view;
+      return (
+        !!view &&
+        (view.canCheckpoint ||
+          view.state === 'paused' ||
+          view.state === 'failed')
+      );
+    },
+    execute: async () => {
+      const model = current();
+      if (!model) {
+        return;
+      }
+      const path = model.path;
+      const context = model.panel.context;
+      if (context.model?.dirty) {
+        // The file on disk is what is exported.
+        await context.save().catch(() => undefined);
+      }
+      const notice = new TransferNotice(
+        trans.__('Exporting %1', baseName(path)),
+        trans
+      );
+      try {
+        const file = await manager.client.exportSession(path, progress =>
+          notice.progress(progress)
+        );
+        saveBlob(file.blob, file.name);
+        notice.end(
+          file.checkpointId
+            ? trans.__(
+                'Exported %1 (checkpoint %2, %3)',
+                file.name,
+                file.checkpointId,
+                formatBytes(file.blob.size)
+              )
+            : trans.__(
+                'Exported %1 (%2)',
+                file.name,
+                formatBytes(file.blob.size)
+              ),
+          'success',
+          5000
+        );
+      } catch (error) {
+        notice.end(
+          trans.__('Cannot export %1: %2', path, errorMessage(error)),
+          'error',
+          8000
+        );
+      }
+      await model.refresh();
+    }
+  });
+
+  commands.addCommand(SessionFileCommandIDs.importSession, {
+    label: trans.__('Import Session…'),
+    caption: trans.__(
+      'Open a %1 file as a new notebook: paused, and restored only once you trust it',
+      SESSION_FILE_EXTENSION
+    ),
+    describedBy: noArgs,
+    isEnabled: () => manager.server === 'ok' || manager.server === 'unknown',
+    execute: async () => {
+      const file = await pickSessionFile();
+      if (!file) {
+        return;
+      }
+      const proposed = defaultImportPath(file.name, fileBrowserDirectory(app));
+      const answer = await InputDialog.getText({
+        title: trans.__('Import Session'),
+        label: trans.__(
+          'Path of the new notebook (from the root of the server):'
+        ),
+        text: proposed,
+        // The name without `.ipynb` is selected, ready to be typed over.
+        selectionRange: proposed.length - '.ipynb'.length,
+        okLabel: trans.__('Import'),
+        cancelLabel: trans.__('Cancel'),
+        required: true
+      });
+      if (!answer.button.accept || !answer.value) {
+        return;
+      }
+      const path = cleanNotebookPath(answer.value);
+      const notice = new TransferNotice(
+        trans.__('Importing %1 as %2', file.name, path),
+        trans
+      );
+      let imported;
+      try {
+        imported = await manager.client.importSession(path, file, progress =>
+          notice.progress(progress)
+        );
+      } catch (error) {
+        notice.end(
+          trans.__('Cannot import %1: %2', file.name, errorMessage(error)),
+          'error',
+          false
+        );
+        return;
+      }
+      const origin = importOrigin(imported.session.message);
+      if (origin) {
+        manager.noteUntrustedImport(path, {
+          ...origin,
+          differences: imported.differences
+        });
+      }
+      const differences = imported.differences;
+      notice.end(
+        differences.length
+          ? trans.__(
+              'Imported %1, paused: Resume asks you to trust it first. Differs here: %2',
+              path,
+              differences.join('; ')
+            )
+          : trans.__(
+              'Imported %1, paused: Resume asks you to trust it first.',
+              path
+            ),
+        differences.length ? 'warning' : 'success',
+        differences.length ? false : 8000
+      );
+      await commands.execute('docmanager:open', { path });
+    }
+  });
+
+  commands.addCommand(SessionFileCommandIDs.trustSession, {
+    label: trans.__('Trust Imported Session…'),
+    caption: trans.__(
+      'Trust the session imported into this notebook: its resume may then restore it (restoring runs code from the file)'
+    ),
+    describedBy: noArgs,
+    isEnabled: () => current()?.view.state === 'paused',
+    execute: async () => {
+      const model = current();
+      if (!model) {
+        return;
+      }
+      const origin = model.untrustedImport;
+      const trusted = await confirmTrust(
+        { origin, message: '' },
+        trans,
+        trans.__('Trust')
+      );
+      if (!trusted) {
+        return;
+      }
+      try {
+        const session = await manager.client.trust(model.path);
+        manager.forgetImport(model.path);
+        model.setSession(session);
+        Notification.success(
+          trans.__(
+            'Trusted: Resume restores %1 from files.',
+            baseName(model.path)
+          ),
+          { autoClose: 5000 }
+        );
+      } catch (error) {
+        Notification.error(trans.__('Cannot trust: %1', errorMessage(error)), {
+          autoClose: 8000
+        });
+      }
+    }
+  });
+
+  const notify = () => commands.notifyCommandChanged();
+  manager.changed.connect(notify);
+  tracker.currentChanged.connect(notify);
+}
