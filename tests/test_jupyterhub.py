@@ -195,16 +195,22 @@ def test_the_culler_stops_an_idle_server_nothing_is_lost_and_a_running_cell_stay
     assert any("the Hub stopped this server" in (r or "") for r in asked), events
 
 
-def test_polls_and_an_open_tab_do_not_keep_a_server_jupyter_pause_pauses_it(hubs) -> None:
-    # The Hub counts every request through its proxy as activity (its routes' last_activity):
-    # an open tab keeps the Hub's culler away. jupyter_pause's idle pause counts work only.
+def idle_pausing_hub(hubs) -> tuple[Hub, RemoteServer, str]:
+    """A Hub whose servers pause notebooks idle for 18 s; alice's server, her notebook with
+    ``x = 42``."""
     hub = hubs(
         extra=QUICK_ACTIVITY + "c.Spawner.args.append('--PauseApp.idle_pause_minutes=0.3')\n"
     )
     alice = hub.spawn("alice")
     path = notebook(hub, "alice")
-    kernel = alice.open_notebook(path)
-    alice.run(kernel, "x = 42")
+    alice.run(alice.open_notebook(path), "x = 42")
+    return hub, alice, path
+
+
+def test_polls_and_an_open_tab_do_not_keep_a_server_jupyter_pause_pauses_it(hubs) -> None:
+    # The Hub counts every request through its proxy as activity (its routes' last_activity):
+    # an open tab keeps the Hub's culler away. jupyter_pause's idle pause counts work only.
+    hub, alice, path = idle_pausing_hub(hubs)
     ran_at = time.time()
 
     with open_tab(alice, "/api/kernels", "/api/sessions", "/jupyter-pause/status"):
@@ -221,13 +227,7 @@ def test_polls_and_an_open_tab_do_not_keep_a_server_jupyter_pause_pauses_it(hubs
 
 def test_a_server_left_with_paused_notebooks_and_an_open_tab_is_given_back(hubs) -> None:
     # The user came back, did not resume, and left the tab open: no kernel runs, the tab polls
-    hub = hubs(
-        extra=QUICK_ACTIVITY + "c.Spawner.args.append('--PauseApp.idle_pause_minutes=0.3')\n"
-    )
-    alice = hub.spawn("alice")
-    path = notebook(hub, "alice")
-    kernel = alice.open_notebook(path)
-    alice.run(kernel, "x = 42")
+    hub, alice, path = idle_pausing_hub(hubs)
     code, _ = alice.request("POST", f"/jupyter-pause/pause/{path}")
     assert code == 202
     hub.wait_stopped("alice")
