@@ -76,6 +76,9 @@ def test_the_routes_cover_every_endpoint() -> None:
         "openapi.json",
         "usage",
         "snapshots",
+        "export",
+        "import",
+        "trust",
     }
 
 
