@@ -143,12 +143,20 @@ export function transferText(
 }
 
 /**
- * A notification that follows a long transfer: in progress with its bytes,
- * then its outcome.
+ * How long a transfer runs before its progress is shown, and how long a shown
+ * toast is left before it is changed: JupyterLab mounts a toast a moment
+ * after it is emitted, and an update or dismissal that comes sooner is lost
+ * (the toast keeps saying "Exporting…" for good).
  */
-class TransferNotice {
+const TOAST_SETTLE_MS = 500;
+
+/**
+ * A notification that follows a long transfer: its bytes while it runs (when
+ * it runs long enough to be worth showing), then its outcome.
+ */
+export class TransferNotice {
   /**
-   * Show the notification.
+   * Start following a transfer.
    *
    * @param what What is done, e.g. `Exporting model.ipynb`.
    * @param trans The translation bundle.
@@ -157,7 +165,14 @@ class TransferNotice {
     private _what: string,
     private _trans: TranslationBundle
   ) {
-    this._id = Notification.emit(_what, 'in-progress', { autoClose: false });
+    this._timer = setTimeout(() => {
+      this._timer = null;
+      this._emittedAt = this._shownAt = Date.now();
+      this._id = Notification.emit(this._message(), 'in-progress', {
+        autoClose: false,
+        progress: this._fraction()
+      });
+    }, TOAST_SETTLE_MS);
   }
 
   /**
@@ -166,30 +181,23 @@ class TransferNotice {
    * @param progress The bytes moved.
    */
   progress(progress: ITransferProgress): void {
+    this._progress = progress;
     const now = Date.now();
-    const last = progress.total > 0 && progress.done >= progress.total;
-    if (!last && now - this._shown < 250) {
+    if (this._id === null || now - this._shownAt < TOAST_SETTLE_MS / 2) {
       return;
     }
-    this._shown = now;
+    this._shownAt = now;
     Notification.update({
       id: this._id,
-      message: this._trans.__(
-        '%1: %2',
-        this._what,
-        transferText(progress, this._trans)
-      ),
+      message: this._message(),
       type: 'in-progress',
       autoClose: false,
-      progress:
-        progress.total > 0
-          ? Math.min(1, progress.done / progress.total)
-          : undefined
+      progress: this._fraction()
     });
   }
 
   /**
-   * Show the outcome.
+   * Show the outcome, in a notification of its own.
    *
    * @param message The words.
    * @param type How it went.
@@ -200,15 +208,46 @@ class TransferNotice {
     type: 'success' | 'warning' | 'error',
     autoClose: number | false
   ): void {
-    const options = { message, type, autoClose };
-    // The user may have dismissed the progress: say the outcome anyway.
-    if (!Notification.update({ id: this._id, ...options })) {
-      Notification.emit(message, type, { autoClose });
+    if (this._timer !== null) {
+      clearTimeout(this._timer);
+      this._timer = null;
     }
+    const progressId = this._id;
+    if (progressId !== null) {
+      const wait = Math.max(0, this._emittedAt + TOAST_SETTLE_MS - Date.now());
+      setTimeout(() => Notification.dismiss(progressId), wait);
+    }
+    Notification.emit(message, type, { autoClose });
   }
 
-  private _id: string;
-  private _shown = 0;
+  /**
+   * What the progress notification says.
+   */
+  private _message(): string {
+    return this._progress
+      ? this._trans.__(
+          '%1: %2',
+          this._what,
+          transferText(this._progress, this._trans)
+        )
+      : this._what;
+  }
+
+  /**
+   * How much is done (0 to 1), when the total is known.
+   */
+  private _fraction(): number | undefined {
+    const progress = this._progress;
+    return progress && progress.total > 0
+      ? Math.min(1, progress.done / progress.total)
+      : undefined;
+  }
+
+  private _id: string | null = null;
+  private _progress: ITransferProgress | null = null;
+  private _emittedAt = 0;
+  private _shownAt = 0;
+  private _timer: ReturnType<typeof setTimeout> | null;
 }
 
 /**

@@ -30,6 +30,7 @@ import {
 import {
   IMPORT_INPUT_CLASS,
   SessionFileCommandIDs,
+  TransferNotice,
   addSessionFileCommands,
   transferText
 } from '../sessionfilecommands';
@@ -287,6 +288,58 @@ describe('transferText', () => {
       '1.5 MB of 6.0 MB (25%)'
     );
     expect(transferText({ done: 1_500_000, total: 0 }, trans)).toBe('1.5 MB');
+  });
+});
+
+describe('TransferNotice', () => {
+  beforeEach(() => {
+    jest.useFakeTimers();
+    Notification.manager.dismiss();
+  });
+  afterEach(() => {
+    jest.useRealTimers();
+    Notification.manager.dismiss();
+  });
+
+  const shown = () =>
+    Notification.manager.notifications.map(n =>
+      `${n.type}: ${n.message} ${n.options.progress ?? ''}`.trim()
+    );
+
+  it('says only the outcome of a quick transfer', () => {
+    const notice = new TransferNotice('Exporting a.ipynb', trans);
+    notice.progress({ done: 3, total: 3 });
+    notice.end('Exported a.jpsession', 'success', 5000);
+    jest.advanceTimersByTime(2000);
+    expect(shown()).toEqual(['success: Exported a.jpsession']);
+  });
+
+  it('shows the bytes of a long transfer, then its outcome on its own', () => {
+    const notice = new TransferNotice('Exporting a.ipynb', trans);
+    notice.progress({ done: 1_000_000, total: 4_000_000 });
+    expect(shown()).toEqual([]);
+    jest.advanceTimersByTime(500);
+    expect(shown()).toEqual([
+      'in-progress: Exporting a.ipynb: 1.0 MB of 4.0 MB (25%) 0.25'
+    ]);
+    // Too soon after the toast was shown: kept for the next one.
+    notice.progress({ done: 2_000_000, total: 4_000_000 });
+    expect(shown()).toEqual([
+      'in-progress: Exporting a.ipynb: 1.0 MB of 4.0 MB (25%) 0.25'
+    ]);
+    jest.advanceTimersByTime(250);
+    notice.progress({ done: 3_000_000, total: 4_000_000 });
+    expect(shown()).toEqual([
+      'in-progress: Exporting a.ipynb: 3.0 MB of 4.0 MB (75%) 0.75'
+    ]);
+    // The outcome comes at once; the progress goes once its toast has settled.
+    notice.end('Exported a.jpsession', 'success', 5000);
+    expect(shown()).toEqual([
+      'success: Exported a.jpsession',
+      'in-progress: Exporting a.ipynb: 3.0 MB of 4.0 MB (75%) 0.75'
+    ]);
+    jest.advanceTimersByTime(250);
+    expect(shown()).toEqual(['success: Exported a.jpsession']);
   });
 });
 

@@ -37,11 +37,15 @@ test.describe('session files', () => {
     );
     const download = await downloading;
     expect(download.suggestedFilename()).toBe('travel.jpsession');
-    const file = testInfo.outputPath('travel.jpsession');
-    await download.saveAs(file);
+    // (Read before the toast closes itself, 5 s on.)
     await expect(
       page.locator('.Toastify__toast').filter({ hasText: 'Exported' })
     ).toContainText(/Exported travel\.jpsession \(checkpoint \d+, .+\)/);
+    await expect(
+      page.locator('.Toastify__toast').filter({ hasText: 'Exporting' })
+    ).toHaveCount(0);
+    const file = testInfo.outputPath('travel.jpsession');
+    await download.saveAs(file);
 
     // The source notebook goes, with its kernel (and the one GPU it holds).
     await page.notebook.close();
