@@ -31,6 +31,9 @@ async def test_pause_then_resume_restores_the_model_from_files(server: Server) -
     pytest.importorskip("torch")  # the only test here that needs it: a model on the kernel
     # Given a notebook whose kernel holds a trained model and data
     kernel_id = await server.open_notebook("exp/train.ipynb")
+    # (The active time counted below is what the server sees: cells run before it watches the
+    # kernel are not seen, on a loaded machine all of them.)
+    await server.watched("exp/train.ipynb")
     await server.run(kernel_id, MODEL_CELL)
     expected = await server.run(kernel_id, "print(model(data).sum().item(), table.sum())")
 
