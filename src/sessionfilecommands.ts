@@ -280,21 +280,80 @@ function pickSessionFile(): Promise<File | null> {
 }
 
 /**
+ * What the session files need of the default file browser: its node (files
+ * are dropped on it), the folder it shows, and its upload of other files.
+ */
+export interface IFileBrowserLike {
+  id: string;
+  node: HTMLElement;
+  model?: { path?: unknown; upload?: (file: File) => Promise<unknown> };
+}
+
+/**
+ * The default file browser, found by its id in the left area (no dependency
+ * on the file browser package), or `null`.
+ */
+export function findFileBrowser(app: JupyterFrontEnd): IFileBrowserLike | null {
+  const shell = app.shell as Partial<JupyterFrontEnd.IShell>;
+  if (typeof shell.widgets !== 'function') {
+    return null;
+  }
+  for (const widget of shell.widgets('left')) {
+    if (widget.id === 'filebrowser') {
+      return widget as unknown as IFileBrowserLike;
+    }
+  }
+  return null;
+}
+
+/**
  * The folder the default file browser shows, or `''` (the server root).
  */
 function fileBrowserDirectory(app: JupyterFrontEnd): string {
-  const shell = app.shell as Partial<JupyterFrontEnd.IShell>;
-  if (typeof shell.widgets !== 'function') {
-    return '';
-  }
-  for (const widget of shell.widgets('left')) {
-    const path = (widget as { model?: { path?: unknown } }).model?.path;
-    if (widget.id === 'filebrowser' && typeof path === 'string') {
-      // A path of another drive says so before a colon: not the server's files.
-      return path.includes(':') ? '' : path;
+  const path = findFileBrowser(app)?.model?.path;
+  // A path of another drive says so before a colon: not the server's files.
+  return typeof path === 'string' && !path.includes(':') ? path : '';
+}
+
+/**
+ * Import the session files dropped on the file browser instead of uploading
+ * them as plain files; the other files of the same drop upload as usual.
+ *
+ * @param browser The file browser.
+ * @param importFile Imports one session file (asks where, as Import Session… does).
+ * @returns A function that stops listening.
+ */
+export function importDroppedSessions(
+  browser: IFileBrowserLike,
+  importFile: (file: File) => Promise<void>
+): () => void {
+  const onDrop = (event: DragEvent) => {
+    const files = Array.from(event.dataTransfer?.files ?? []);
+    const sessions = files.filter(file =>
+      file.name.endsWith(SESSION_FILE_EXTENSION)
+    );
+    if (sessions.length === 0) {
+      return;
     }
-  }
-  return '';
+    // Captured before the listing's own upload sees it.
+    event.preventDefault();
+    event.stopPropagation();
+    browser.node.querySelectorAll('.jp-mod-dropTarget').forEach(node => {
+      node.classList.remove('jp-mod-dropTarget');
+    });
+    for (const file of files) {
+      if (!sessions.includes(file)) {
+        void browser.model?.upload?.(file);
+      }
+    }
+    void (async () => {
+      for (const file of sessions) {
+        await importFile(file);
+      }
+    })();
+  };
+  browser.node.addEventListener('drop', onDrop, true);
+  return () => browser.node.removeEventListener('drop', onDrop, true);
 }
 
 /**
@@ -390,6 +449,70 @@ export function addSessionFileCommands(
     }
   });
 
+  /**
+   * Import one session file: ask where its notebook goes, upload it, say
+   * what differs here, and open the notebook (paused, untrusted).
+   */
+  const importFile = async (file: File): Promise<void> => {
+    const proposed = defaultImportPath(file.name, fileBrowserDirectory(app));
+    const answer = await InputDialog.getText({
+      title: trans.__('Import Session'),
+      label: trans.__(
+        'Path of the new notebook (from the root of the server):'
+      ),
+      text: proposed,
+      // The name without `.ipynb` is selected, ready to be typed over.
+      selectionRange: proposed.length - '.ipynb'.length,
+      okLabel: trans.__('Import'),
+      cancelLabel: trans.__('Cancel'),
+      required: true
+    });
+    if (!answer.button.accept || !answer.value) {
+      return;
+    }
+    const path = cleanNotebookPath(answer.value);
+    const notice = new TransferNotice(
+      trans.__('Importing %1 as %2', file.name, path),
+      trans
+    );
+    let imported;
+    try {
+      imported = await manager.client.importSession(path, file, progress =>
+        notice.progress(progress)
+      );
+    } catch (error) {
+      notice.end(
+        trans.__('Cannot import %1: %2', file.name, errorMessage(error)),
+        'error',
+        false
+      );
+      return;
+    }
+    const origin = importOrigin(imported.session.message);
+    if (origin) {
+      manager.noteUntrustedImport(path, {
+        ...origin,
+        differences: imported.differences
+      });
+    }
+    const differences = imported.differences;
+    notice.end(
+      differences.length
+        ? trans.__(
+            'Imported %1, paused: Resume asks you to trust it first. Differs here: %2',
+            path,
+            differences.join('; ')
+          )
+        : trans.__(
+            'Imported %1, paused: Resume asks you to trust it first.',
+            path
+          ),
+      differences.length ? 'warning' : 'success',
+      differences.length ? false : 8000
+    );
+    await commands.execute('docmanager:open', { path });
+  };
+
   commands.addCommand(SessionFileCommandIDs.importSession, {
     label: trans.__('Import Session…'),
     caption: trans.__(
@@ -400,66 +523,17 @@ export function addSessionFileCommands(
     isEnabled: () => manager.server === 'ok' || manager.server === 'unknown',
     execute: async () => {
       const file = await pickSessionFile();
-      if (!file) {
-        return;
+      if (file) {
+        await importFile(file);
       }
-      const proposed = defaultImportPath(file.name, fileBrowserDirectory(app));
-      const answer = await InputDialog.getText({
-        title: trans.__('Import Session'),
-        label: trans.__(
-          'Path of the new notebook (from the root of the server):'
-        ),
-        text: proposed,
-        // The name without `.ipynb` is selected, ready to be typed over.
-        selectionRange: proposed.length - '.ipynb'.length,
-        okLabel: trans.__('Import'),
-        cancelLabel: trans.__('Cancel'),
-        required: true
-      });
-      if (!answer.button.accept || !answer.value) {
-        return;
-      }
-      const path = cleanNotebookPath(answer.value);
-      const notice = new TransferNotice(
-        trans.__('Importing %1 as %2', file.name, path),
-        trans
-      );
-      let imported;
-      try {
-        imported = await manager.client.importSession(path, file, progress =>
-          notice.progress(progress)
-        );
-      } catch (error) {
-        notice.end(
-          trans.__('Cannot import %1: %2', file.name, errorMessage(error)),
-          'error',
-          false
-        );
-        return;
-      }
-      const origin = importOrigin(imported.session.message);
-      if (origin) {
-        manager.noteUntrustedImport(path, {
-          ...origin,
-          differences: imported.differences
-        });
-      }
-      const differences = imported.differences;
-      notice.end(
-        differences.length
-          ? trans.__(
-              'Imported %1, paused: Resume asks you to trust it first. Differs here: %2',
-              path,
-              differences.join('; ')
-            )
-          : trans.__(
-              'Imported %1, paused: Resume asks you to trust it first.',
-              path
-            ),
-        differences.length ? 'warning' : 'success',
-        differences.length ? false : 8000
-      );
-      await commands.execute('docmanager:open', { path });
+    }
+  });
+
+  // Session files dropped on the file browser are imported, not uploaded.
+  void app.restored?.then(() => {
+    const browser = findFileBrowser(app);
+    if (browser) {
+      importDroppedSessions(browser, importFile);
     }
   });
 

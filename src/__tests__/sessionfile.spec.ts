@@ -32,6 +32,7 @@ import {
   SessionFileCommandIDs,
   TransferNotice,
   addSessionFileCommands,
+  importDroppedSessions,
   transferText
 } from '../sessionfilecommands';
 import { TimelinePanel } from '../timeline';
@@ -895,6 +896,71 @@ describe('Export Session…', () => {
     expect(h.commands.isEnabled(SessionFileCommandIDs.trustSession)).toBe(
       false
     );
+  });
+});
+
+describe('importDroppedSessions', () => {
+  /** A file browser whose listing uploads what is dropped on it. */
+  function browser() {
+    const node = document.createElement('div');
+    const listing = document.createElement('div');
+    listing.className = 'jp-DirListing-content jp-mod-dropTarget';
+    node.appendChild(listing);
+    const listed: string[] = [];
+    listing.addEventListener('drop', event => {
+      listed.push(
+        ...Array.from((event as DragEvent).dataTransfer!.files).map(f => f.name)
+      );
+    });
+    const uploaded: string[] = [];
+    const upload = jest.fn(async (file: File) => {
+      uploaded.push(file.name);
+    });
+    return {
+      target: { id: 'filebrowser', node, model: { path: 'work', upload } },
+      listing,
+      listed,
+      uploaded
+    };
+  }
+
+  /** Drop `names` on `node`, as the browser does; whether it was taken. */
+  function drop(node: HTMLElement, names: string[]): boolean {
+    const event = new Event('drop', { bubbles: true, cancelable: true });
+    Object.defineProperty(event, 'dataTransfer', {
+      value: { files: names.map(name => new File(['x'], name)) }
+    });
+    node.dispatchEvent(event);
+    return event.defaultPrevented;
+  }
+
+  it('imports the session files, uploads the others, and the listing sees none', async () => {
+    const b = browser();
+    const imported: string[] = [];
+    importDroppedSessions(b.target, async file => {
+      imported.push(file.name);
+    });
+    expect(drop(b.listing, ['a.jpsession', 'data.csv', 'b.jpsession'])).toBe(
+      true
+    );
+    await new Promise(resolve => setTimeout(resolve, 0));
+    expect(imported).toEqual(['a.jpsession', 'b.jpsession']);
+    expect(b.uploaded).toEqual(['data.csv']);
+    expect(b.listed).toEqual([]);
+    expect(b.listing.classList.contains('jp-mod-dropTarget')).toBe(false);
+  });
+
+  it('leaves a drop without session files to the file browser', () => {
+    const b = browser();
+    const importFile = jest.fn();
+    const stop = importDroppedSessions(b.target, importFile);
+    expect(drop(b.listing, ['data.csv'])).toBe(false);
+    expect(b.listed).toEqual(['data.csv']);
+    expect(importFile).not.toHaveBeenCalled();
+    stop();
+    drop(b.listing, ['a.jpsession']);
+    expect(b.listed).toEqual(['data.csv', 'a.jpsession']);
+    expect(importFile).not.toHaveBeenCalled();
   });
 });
 

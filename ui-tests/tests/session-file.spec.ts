@@ -1,3 +1,5 @@
+import { readFile } from 'fs/promises';
+
 import { expect, galata, test } from '@jupyterlab/galata';
 
 import { PauseHelper, SELECTORS } from './helpers';
@@ -107,5 +109,30 @@ test.describe('session files', () => {
     expect((await page.notebook.getCellTextOutput(1))?.join('')).toContain(
       '42'
     );
+
+    // The same file dropped on the file browser is imported, not uploaded.
+    await page.notebook.close();
+    const dataTransfer = await page.evaluateHandle(base64 => {
+      const bytes = Uint8Array.from(atob(base64), c => c.charCodeAt(0));
+      const transfer = new DataTransfer();
+      transfer.items.add(new File([bytes], 'travel.jpsession'));
+      return transfer;
+    }, (await readFile(file)).toString('base64'));
+    await page
+      .locator('#filebrowser .jp-DirListing-content')
+      .dispatchEvent('drop', { dataTransfer });
+    const dropped = page.locator(SELECTORS.DIALOG);
+    await expect(dropped.locator('input')).toHaveValue(/travel\.ipynb$/);
+    await dropped.locator('input').fill(`${tmpPath}/dropped.ipynb`);
+    await dropped.getByRole('button', { name: 'Import' }).click();
+    await expect
+      .poll(() =>
+        page.evaluate(
+          () => (window as any).jupyterapp.shell.currentWidget?.context?.path
+        )
+      )
+      .toBe(`${tmpPath}/dropped.ipynb`);
+    await expect(pause.chipLabel).toHaveText(IMPORTED, { timeout: 60 * 1000 });
+    expect(await page.contents.fileExists(`${tmpPath}/travel.jpsession`)).toBe(false);
   });
 });
