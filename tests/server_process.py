@@ -4,6 +4,7 @@ another on the same store is a real server restart (kernels see their parent cha
 from __future__ import annotations
 
 import os
+import pwd
 import secrets
 import socket
 import subprocess
@@ -48,9 +49,18 @@ def server_config(port: int, token: str, root_dir: Path) -> str:
 
 
 def spawn_server(
-    config_file: Path, env: dict[str, str], cwd: Path, log: Path
+    config_file: Path,
+    env: dict[str, str],
+    cwd: Path,
+    log: Path,
+    user: pwd.struct_passwd | None = None,
 ) -> subprocess.Popen[bytes]:
-    """``jupyter_server --config=config_file`` in its own process, its output in ``log``."""
+    """``jupyter_server --config=config_file`` in its own process, its output in ``log``; as
+    ``user`` when given (this process must be root)."""
+    as_user: dict = {}
+    if user is not None:
+        env = {**env, "HOME": str(config_file.parent), "USER": user.pw_name}
+        as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
     with open(log, "wb") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "jupyter_server", f"--config={config_file}"],
@@ -58,6 +68,7 @@ def spawn_server(
             stderr=subprocess.STDOUT,
             env=env,
             cwd=cwd,
+            **as_user,
         )
 
 
@@ -76,8 +87,11 @@ def wait_serving(process: subprocess.Popen[bytes], url: str, token: str, log: Pa
             time.sleep(0.2)
 
 
-def start_server(workdir: Path, root_dir: Path, config: str) -> ServerProcess:
-    """A server serving ``root_dir``, its files in ``workdir``; ``config``: more config lines."""
+def start_server(
+    workdir: Path, root_dir: Path, config: str, user: pwd.struct_passwd | None = None
+) -> ServerProcess:
+    """A server serving ``root_dir``, its files in ``workdir``; ``config``: more config lines;
+    ``user``: the OS user it runs as (it owns ``workdir`` and ``root_dir``)."""
     workdir.mkdir(parents=True)
     port, token = free_port(), secrets.token_hex(16)
     config_file = workdir / "jupyter_server_config.py"
@@ -86,10 +100,55 @@ def start_server(workdir: Path, root_dir: Path, config: str) -> ServerProcess:
         + server_config(port, token, root_dir)
         + config
     )
+    if user is not None:
+        for folder in (workdir, root_dir):
+            chown_tree(folder, user)
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")}
     env.update(JUPYTER_RUNTIME_DIR=str(workdir / "runtime"), JUPYTER_CONFIG_DIR=str(workdir))
     log = workdir / "server.log"
-    process = spawn_server(config_file, env, root_dir, log)
+    process = spawn_server(config_file, env, root_dir, log, user)
     started = ServerProcess(process, RemoteServer(f"http://127.0.0.1:{port}", token), log)
     wait_serving(process, started.server.url, token, log)
     return started
+
+
+def chown_tree(folder: Path, user: pwd.struct_passwd) -> None:
+    """``chown -R user: folder``."""
+    for path in (folder, *folder.rglob("*")):
+        os.chown(path, user.pw_uid, user.pw_gid, follow_symlinks=False)
+
+
+#: The second OS user of the tests that need two (created when the tests run as root).
+PEER_USER = "jupyter-pause-peer"
+
+
+def peer_user() -> pwd.struct_passwd | None:
+    """Another OS user than this process's, who can run this Python and this checkout; ``None``
+    when this process is not root (it cannot start a process as anyone else)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        user = pwd.getpwnam(PEER_USER)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PEER_USER],
+            check=True,
+            capture_output=True,
+        )
+        user = pwd.getpwnam(PEER_USER)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import jupyter_pause, jupyter_server, ipykernel"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        user=user.pw_uid,
+        group=user.pw_gid,
+        extra_groups=[],
+    )
+    if probe.returncode != 0:
+        raise AssertionError(
+            f"the user {PEER_USER} cannot run {sys.executable} with this checkout: every folder "
+            "above it needs search permission for others (`chmod o+x` on it, as .ci/run does "
+            f"for /root):\n{probe.stderr[-2000:]}"
+        )
+    return user

@@ -1,7 +1,7 @@
 """Export and import of a session between two real servers (issue 39).
 
 Two jupyter server processes with jupyter_pause, each with its own root, store and runtime
-folder, and real kernels: a session exported on one is imported on the other, stays
+folder, run by two OS users when the tests run as root (as in CI), and real kernels: a session exported on one is imported on the other, stays
 untrusted (nothing unpickled) until its user trusts it, then resumes from files with its
 values equal. A session file that is altered, truncated, unsafe or of a newer format is
 refused with its reason, and nothing is written.
@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import pwd
+import shutil
+import stat
 import subprocess
 import sys
 import tarfile
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from .cluster.notebooks import RemoteServer
-from .server_process import ServerProcess, start_server
+from .server_process import ServerProcess, chown_tree, peer_user, start_server
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -64,25 +69,36 @@ def raw(server: RemoteServer, method: str, path: str, body: bytes | None = None)
         return err.code, err.read(), dict(err.headers)
 
 
-def start(tmp_path: Path, name: str) -> ServerProcess:
-    root = tmp_path / f"{name}-root"
+def start(base: Path, name: str, user: pwd.struct_passwd | None = None) -> ServerProcess:
+    root = base / f"{name}-root"
     root.mkdir()
-    store = tmp_path / f"{name}-store"
+    store = base / f"{name}-store"
+    if user is not None:  # its own store, made by its user as a first start would
+        store.mkdir(mode=0o700)
+        chown_tree(store, user)
     return start_server(
-        tmp_path / f"{name}-server",
+        base / f"{name}-server",
         root,
         f"c.PauseApp.backend = 'local'\nc.PauseApp.store_root = {str(store)!r}\n",
+        user,
     )
 
 
 @pytest.fixture
-def two_servers(tmp_path: Path) -> Iterator[tuple[ServerProcess, ServerProcess, Path]]:
-    first, second = start(tmp_path, "here"), start(tmp_path, "there")
+def two_servers() -> Iterator[tuple[ServerProcess, ServerProcess, Path]]:
+    """(here, there, their base folder): ``there`` runs as another OS user where this can be
+    root. The base folder is not pytest's (other users cannot pass through that)."""
+    base = Path(tempfile.mkdtemp(prefix="jp-two-servers-"))
+    base.chmod(0o711)  # others pass through to the folders their user owns, list nothing
+    servers: list[ServerProcess] = []
     try:
-        yield first, second, tmp_path
+        servers.append(start(base, "here"))
+        servers.append(start(base, "there", peer_user()))
+        yield servers[0], servers[1], base
     finally:
-        for server in (first, second):
+        for server in servers:
             server.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def exported(
@@ -142,6 +158,17 @@ def test_a_session_exported_here_resumes_there_once_trusted(two_servers) -> None
     kernel = there.server.session("moved/train.ipynb")["kernel_id"]
     again = json.loads(there.server.run(kernel, f"import json\nprint(json.dumps({FINGERPRINT}))"))
     assert again == values
+    # The import is its user's alone: every folder and file it wrote, owned by the user of
+    # that server, readable by nobody else
+    owner = os.stat(tmp_path / "there-server").st_uid
+    if os.geteuid() == 0:
+        assert owner != os.geteuid(), "as root, the other server runs as another user"
+    written = [p for p in (tmp_path / "there-store").rglob("*") if "train" in str(p)]
+    assert written, "the import wrote nothing to the store"
+    for path in written:
+        info = path.lstat()
+        assert info.st_uid == owner, path
+        assert stat.S_IMODE(info.st_mode) & 0o077 == 0, (path, oct(info.st_mode))
 
 
 def refused_import(server: ServerProcess, tmp_path: Path, data: bytes) -> str:
