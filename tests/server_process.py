@@ -130,12 +130,15 @@ def peer_user() -> pwd.struct_passwd | None:
     try:
         user = pwd.getpwnam(PEER_USER)
     except KeyError:
-        subprocess.run(
+        made = subprocess.run(
             ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PEER_USER],
-            check=True,
             capture_output=True,
+            text=True,
         )
-        user = pwd.getpwnam(PEER_USER)
+        try:  # (a test beside this one may have made it first)
+            user = pwd.getpwnam(PEER_USER)
+        except KeyError:
+            raise AssertionError(f"useradd {PEER_USER} failed: {made.stderr}") from None
     probe = subprocess.run(
         [sys.executable, "-c", "import jupyter_pause, jupyter_server, ipykernel"],
         capture_output=True,
