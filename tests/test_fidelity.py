@@ -148,9 +148,23 @@ def test_fingerprint_covers_sharing_between_variables() -> None:
     assert copies[digest.SHARED_MEMORY] == "[]"
 
 
+def test_fingerprint_of_jax_arrays_and_keys_is_their_content() -> None:
+    jax = pytest.importorskip("jax")
+
+    key = jax.random.key(0)
+    before = _digests({"key": key})["key"]
+    # JAX's own bookkeeping of a key passed on (key reuse checks) is no state of the notebook
+    key._consumed = True
+    assert _digests({"key": key})["key"] == before
+    assert _digests({"key": jax.random.key(1)})["key"] != before
+    weights = jax.numpy.arange(4.0)
+    assert _digests({"w": weights})["w"] == _digests({"w": jax.numpy.arange(4.0)})["w"]
+    assert _digests({"w": weights})["w"] != _digests({"w": weights.at[0].set(9.0)})["w"]
+
+
 _BUILD_NAMESPACE = """
 import json, sys
-import numpy as np, pandas as pd
+import jax, jax.numpy as jnp, numpy as np, pandas as pd
 sys.path.insert(0, sys.argv[1])
 from bench.notebook_fidelity.digest import namespace_digests
 
@@ -168,6 +182,7 @@ namespace = {
     "numbers": [1, 2.5, {"a": (3, "x")}, None], "flags": {"b", "a", "c"},
     "array": np.arange(6).reshape(2, 3), "frame": pd.DataFrame({"k": ["u", "v"], "n": [1, 2]}),
     "points": points, "scaled": scaled, "sizes": {p: p.x for p in points},
+    "key": jax.random.key(0), "old_key": jax.random.PRNGKey(1), "weights": jnp.arange(4.0),
 }
 print(json.dumps(namespace_digests(namespace, {})))
 """

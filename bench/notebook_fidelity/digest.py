@@ -145,12 +145,26 @@ class _Digester:
         ):
             self._feed_pandas(h, value, pandas)
             return True
+        jax = sys.modules.get("jax")
+        if jax is not None and isinstance(value, jax.Array):
+            self._feed_jax_array(h, value, jax)
+            return True
         matplotlib = sys.modules.get("matplotlib")
         artist = getattr(matplotlib, "artist", None)
         if artist is not None and isinstance(value, artist.Artist):
             self._feed_artist(h, value, depth)
             return True
         return False
+
+    def _feed_jax_array(self, h: Any, array: Any, jax: Any) -> None:
+        """By content, as numpy arrays: what its pickle reduces to names this process's device
+        and sharding objects. PRNG keys (``jax.random.key``) by their key data."""
+        if jax.dtypes.issubdtype(array.dtype, jax.dtypes.prng_key):
+            _put(h, "jax key", str(array.dtype))
+            array = jax.random.key_data(array)
+        host = sys.modules["numpy"].asarray(array)
+        _put(h, "jax array", host.dtype.str, repr(host.shape))
+        h.update(host.tobytes())
 
     def _feed_ndarray(self, h: Any, array: Any, depth: int) -> None:
         _put(h, "ndarray", array.dtype.str, repr(array.shape), str(array.flags.writeable))
