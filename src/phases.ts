@@ -5,6 +5,7 @@
  * GPU was held less the recorded idle gaps.
  */
 import type { ITimelineEvent } from './api';
+import { formatBytes } from './view';
 
 /**
  * What the session was doing during a phase of a pause/resume cycle.
@@ -254,12 +255,6 @@ function list(items: string[], max = 4): string {
   return items.length > max ? `${shown} and ${items.length - max} more` : shown;
 }
 
-function megabytes(bytes: number): string {
-  return bytes >= 1e9
-    ? `${(bytes / 1e9).toFixed(1)} GB`
-    : `${(bytes / 1e6).toFixed(1)} MB`;
-}
-
 const MODES: Record<string, string> = {
   'gke-workspaces': 'GKE Workspaces add-on',
   'pod-snapshots': 'GKE Pod Snapshots',
@@ -321,7 +316,7 @@ export function describeEvent(event: ITimelineEvent): string {
       const skipped = names(data.skipped);
       return (
         `Checkpoint ${data.checkpoint_id ?? ''} written: ` +
-        `${megabytes(Number(data.bytes_written ?? 0))}` +
+        `${formatBytes(Number(data.bytes_written ?? 0))}` +
         (skipped.length ? `; not saved: ${list(skipped)}` : '')
       );
     }

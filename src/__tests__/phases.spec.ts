@@ -163,6 +163,12 @@ describe('describeEvent', () => {
         })
       )
     ).toBe('Checkpoint 3 written: 702.4 MB; not saved: log');
+    // Sizes are written one way everywhere: the panel's "Bytes saved" beside it says 27.7 KB.
+    expect(
+      describeEvent(
+        ev('checkpoint_written', 1, { checkpoint_id: 1, bytes_written: 27_700 })
+      )
+    ).toBe('Checkpoint 1 written: 27.7 KB');
     expect(describeEvent(ev('idle_gap', 1, { seconds: 1800 }))).toBe(
       'Back after 30 min without activity'
     );
