@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from jupyter_pause.kernel import store as store_mod
 from jupyter_pause.server.resuming import Resumes
 
 from .cli_runner import Cli
+from .drill_own_server import drill_left_in_tmp, keep_then_check, run_drill
 from .server_process import start_server
 from .servers import Server, pause_and_wait
 
@@ -289,3 +291,58 @@ async def test_upgrade_check_tells_live_from_files_from_a_new_session(
     code, stdout, _ = await jp("drill", "--upgrade-check", "--out", str(out))
     assert code == 1
     assert stdout.startswith(f"{MAIN}: not restored: a new session that merely opened the old")
+
+
+def test_an_own_servers_kept_drill_is_found_by_the_next_own_servers_upgrade_check(
+    tmp_path: Path,
+) -> None:
+    # Given `drill --own-server --keep` before the upgrade; when `--own-server --upgrade-check`
+    # runs after it, in another process with another server
+    _kept, checked = keep_then_check(tmp_path)
+    # Then it found the kept notebook and brought it back from files
+    assert checked.startswith(f"{MAIN}: restored from files: a new process"), checked
+    assert "imported from" not in checked
+    # and an upgrade check with nothing kept says which folder it examined
+    (tmp_path / "pause-drill-report").rename(tmp_path / "old-report")
+    nothing = run_drill(tmp_path, "--own-server", "--upgrade-check", "--server-dir", "elsewhere")
+    assert nothing.returncode == 1
+    assert "upgrade check of the drill's own server (nothing kept in elsewhere)" in nothing.stderr
+    assert drill_left_in_tmp(tmp_path) == []
+
+
+def test_an_own_servers_temporary_folder_goes_on_failure_and_on_ctrl_c(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    # When the drill fails on its own server (asked for a backend the server does not run)
+    failed = run_drill(tmp_path, "--own-server", "--backend", "no-such-backend")
+    assert failed.returncode == 1
+    assert "stopped early: the server uses the local backend, not no-such-backend" in (
+        failed.stderr
+    ), failed.stderr[-2000:]
+    # Then its server's temporary folder is gone all the same
+    assert drill_left_in_tmp(tmp_path) == []
+
+    # When a drill on its own server is interrupted while it runs
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")}
+    env.update(TMPDIR=str(tmp_path / "tmp"), JUPYTER_DATA_DIR=str(tmp_path / "data"))
+    drill_process = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_pause.cli", "drill", "--own-server", "--rush", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "tmp").glob("pause-drill-*/root/pause-drill")):
+        assert time.monotonic() < deadline and drill_process.poll() is None
+        time.sleep(0.2)
+    drill_process.send_signal(signal.SIGINT)
+    _, stderr = drill_process.communicate(timeout=120)
+    # Then its server stops and its temporary folder goes
+    assert drill_process.returncode == 130, stderr
+    assert "the drill's own server stopped and its temporary folder removed" in stderr, stderr
+    assert drill_left_in_tmp(tmp_path) == []

@@ -263,6 +263,13 @@ def add_drill(sub: argparse.ArgumentParser) -> None:
         help="keep the drill notebook paused with its checkpoint, for --upgrade-check later",
     )
     sub.add_argument(
+        "--server-dir",
+        metavar="DIR",
+        help="with --own-server: where --keep keeps the drill notebook and its checkpoint "
+        "(the root and store of the drill's server), and where --upgrade-check looks "
+        "(default: jupyter_pause/drill-server in the Jupyter data folder)",
+    )
+    sub.add_argument(
         "--upgrade-check",
         action="store_true",
         help="after an upgrade or migration: tell whether the drill notebook kept by --keep "
