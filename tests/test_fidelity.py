@@ -160,6 +160,10 @@ def test_fingerprint_of_jax_arrays_and_keys_is_their_content() -> None:
     weights = jax.numpy.arange(4.0)
     assert _digests({"w": weights})["w"] == _digests({"w": jax.numpy.arange(4.0)})["w"]
     assert _digests({"w": weights})["w"] != _digests({"w": weights.at[0].set(9.0)})["w"]
+    # A tracer leaked from a jitted function (JAX's "impure function" gotcha) has no value
+    leaked = []
+    jax.jit(lambda x: leaked.append(x) or x)(1.0)
+    assert _digests({"leaked": leaked[0]})["leaked"].startswith("DynamicJaxprTracer:")
 
 
 _BUILD_NAMESPACE = """

@@ -40,12 +40,15 @@ def namespace_digests(namespace: dict[str, Any], hidden: dict[str, Any]) -> dict
     digester = _Digester(namespace)
     digests = {}
     for name in names:
+        value = namespace[name]
         try:
-            digests[name] = digester.digest(name, namespace[name])
+            digests[name] = digester.digest(name, value)
         except Undigestable as err:
             digests[name] = f"?{err}"
         except RecursionError:
             digests[name] = "?nested too deeply"
+        except Exception as err:  # one odd value must not stop the run: it is not compared
+            digests[name] = f"?{type(value).__name__}: {type(err).__name__}"
     digests[SHARED_MEMORY] = repr(_shared_memory_groups({n: namespace[n] for n in names}))
     return digests
 
@@ -159,6 +162,9 @@ class _Digester:
     def _feed_jax_array(self, h: Any, array: Any, jax: Any) -> None:
         """By content, as numpy arrays: what its pickle reduces to names this process's device
         and sharding objects. PRNG keys (``jax.random.key``) by their key data."""
+        if isinstance(array, jax.core.Tracer):  # leaked from a trace: no value, its type only
+            _put(h, "jax tracer", type(array).__name__, str(array.aval))
+            return
         if jax.dtypes.issubdtype(array.dtype, jax.dtypes.prng_key):
             _put(h, "jax key", str(array.dtype))
             array = jax.random.key_data(array)
