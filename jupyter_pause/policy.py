@@ -20,6 +20,7 @@ KERNEL_POLICY_ENV: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("max_bytes", "JUPYTER_PAUSE_MAX_BYTES", int),
     ("save_unmarked", "JUPYTER_PAUSE_SAVE_UNMARKED", str),
     ("direct_io", "JUPYTER_PAUSE_DIRECT_IO", _flag),
+    ("lazy_restore", "JUPYTER_PAUSE_LAZY_RESTORE", _flag),
 )
 
 
@@ -45,6 +46,7 @@ class Policy:
     max_bytes: int = 0
     save_unmarked: str = "all"
     direct_io: bool = True
+    lazy_restore: bool = False
     snapshots_keep_last: int = 1  # pod snapshots kept per workspace, the pinned one first
     #: A pause asked outside jupyter_pause that the platform holds for its snapshot: how long
     #: the checkpoints written meanwhile may keep the platform's snapshot waiting (seconds).

@@ -108,9 +108,12 @@ class SessionRecord:
     activity: KernelActivity = field(default_factory=KernelActivity)
     awaiting_first_cell: bool = False
     file_warnings: list[str] = field(default_factory=list)  # about session.json itself
+    # A lazy restore's background load, as the kernel tells it: checkpoint_id, done, total,
+    # and once it ended, outcome (lazy.LoadOutcome.to_json()). Not kept across servers.
+    loading: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        hidden = ("key", "timeline", "activity", "file_warnings")
+        hidden = ("key", "timeline", "activity", "file_warnings", "loading")
         data = {k: v for k, v in asdict(self).items() if k not in hidden}
         data["warnings"] = [*self.file_warnings, *self.warnings]
         data["busy"] = self.activity.busy

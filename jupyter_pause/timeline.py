@@ -32,6 +32,8 @@ EVENT_KINDS = (
     "checkpoint_restored",  # a running session restored from a checkpoint in the notebook
     "unrestored_kernel_stopped",  # a paused notebook's new kernel, idle and stopped (GPU back)
     "kernel_ready",
+    "fully_loaded",  # a lazy restore's last byte in and checked (data: checkpoint_id, bytes,
+    # seconds since ready, failed: what a damaged file took back, stopped: by a pause)
     "first_cell_executed",  # the researcher's next cell after the resume
     "hold_released",  # the user accepted an incomplete restore: retention applies again
     "idle_gap",  # at: the start of a gap without activity; data: seconds (the user came back)

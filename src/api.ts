@@ -169,6 +169,11 @@ export interface IRestoreResult {
    * that the restore replaced.
    */
   replaced?: string[];
+  /**
+   * A lazy restore: bytes handed over as maps that were still loading (and
+   * being checked) when it was ready; 0 once all are in.
+   */
+  loading_bytes?: number;
 }
 
 /**

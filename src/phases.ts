@@ -320,6 +320,17 @@ export function describeEvent(event: ITimelineEvent): string {
         (skipped.length ? `; not saved: ${list(skipped)}` : '')
       );
     }
+    case 'fully_loaded': {
+      const taken = names(data.failed);
+      return (
+        `All loaded: ${formatBytes(Number(data.bytes ?? 0))}` +
+        (typeof data.seconds === 'number'
+          ? ` in ${data.seconds.toFixed(1)} s after ready`
+          : '') +
+        (data.stopped ? ' (stopped by a pause)' : '') +
+        (taken.length ? `; damaged, taken back: ${list(taken)}` : '')
+      );
+    }
     case 'kernel_stopped':
       return 'Kernel stopped';
     case 'gpu_released':

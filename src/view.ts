@@ -690,6 +690,25 @@ function readyView(
       );
     }
     lines.push(...(restore.warnings || []));
+    const loading = session.progress;
+    if (restore.loading_bytes && loading?.phase === 'loading') {
+      const total = loading.total || restore.loading_bytes;
+      lines.unshift(
+        trans.__(
+          'Large arrays and tensors came back as maps of the checkpoint and load behind the notebook: a cell that reads one waits only for its own bytes.'
+        )
+      );
+      return {
+        ...running,
+        label: trans.__(
+          'Ready (%1 of %2 still loading)',
+          formatBytes(Math.max(0, total - (loading.done || 0))),
+          formatBytes(total)
+        ),
+        tone: skipped ? 'warning' : 'success',
+        tooltip: lines.join('\n')
+      };
+    }
     return {
       ...running,
       label: skipped

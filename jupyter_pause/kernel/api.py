@@ -20,6 +20,7 @@ from traitlets.config import Configurable
 
 from ..policy import KERNEL_POLICY_ENV
 from . import store as store_mod
+from .lazy import LazyLoad, LoadOutcome
 from .restoring import Restoring
 from .results import CheckpointError, CheckpointInfo, CheckpointResult, RestoreResult
 from .saving import Saving
@@ -114,6 +115,15 @@ class Checkpointer(Saving, Restoring, Configurable):
         "with O_DIRECT either way.",
     ).tag(config=True)
 
+    lazy_restore = Bool(
+        False,
+        help="Restore from files ready before the bytes are in: CPU arrays and tensors of at "
+        "least 1 MiB come back as copy-on-write maps of their checkpoint files (plain numpy "
+        "arrays and tensors, whose pages load on first touch), loaded and checked behind the "
+        "notebook right after; the kernel is ready once the small objects are back. Off: "
+        "every byte is read and checked before ready.",
+    ).tag(config=True)
+
     @default("store_root")
     def _default_store_root(self) -> str:
         return str(store_mod.default_store_root())
@@ -150,6 +160,11 @@ class Checkpointer(Saving, Restoring, Configurable):
         self.on_checkpoint: list[Callable[[CheckpointResult], None]] = []
         # Called after each restore the notebook asks for (not the server's own: it knows).
         self.on_restore: list[Callable[[RestoreResult], None]] = []
+        # A lazy restore's background load: its progress (checkpoint id, bytes in, bytes in
+        # all), then its end (checkpoint id, LoadOutcome).
+        self.lazy_load: LazyLoad | None = None
+        self.on_loading: list[Callable[[int, int, int], None]] = []
+        self.on_loaded: list[Callable[[int, LoadOutcome], None]] = []
 
     @functools.cached_property
     def _snapshotter(self) -> Snapshotter:

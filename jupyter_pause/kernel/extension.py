@@ -39,6 +39,8 @@ def load(shell: Any) -> api.Checkpointer:
     shell.register_magics(CheckpointMagics(shell, checkpointer))
     checkpointer.on_checkpoint.append(_announce_to_server)
     checkpointer.on_restore.append(_announce_restore_to_server)
+    checkpointer.on_loading.append(_announce_loading_to_server)
+    checkpointer.on_loaded.append(_announce_loaded_to_server)
     shell.configurables.append(checkpointer)  # so `%config Checkpointer.keep_last = 10` works
     # The server's requests: on the shell channel, and on the control channel (answered even
     # while a cell runs: the criu backend pauses those).
@@ -95,3 +97,15 @@ def _announce_restore_to_server(result: api.RestoreResult) -> None:
     instead of pressing Resume) brings a paused session back: the server must know."""
     if server_link.SERVER_ATTACHED:  # where no server follows this kernel, nothing to say
         server_link.request_from_server("restored", result=result.to_json())
+
+
+def _announce_loading_to_server(checkpoint_id: int, done: int, total: int) -> None:
+    """A lazy restore's load went on: the chip says how much is still to come."""
+    server_link.request_from_server("loading", checkpoint_id=checkpoint_id, done=done, total=total)
+
+
+def _announce_loaded_to_server(checkpoint_id: int, outcome: Any) -> None:
+    """A lazy restore's load ended: on the timeline, and what a damaged file took back."""
+    server_link.request_from_server(
+        "loaded", checkpoint_id=checkpoint_id, outcome=outcome.to_json()
+    )

@@ -16,6 +16,7 @@ from . import store as store_mod
 from .arrays import content_hasher
 from .capture import set_rng_states
 from .environment_diff import differences
+from .lazy import LAZY_AT_LEAST, LazyLoad, LoadOutcome, MappedBuffer
 from .loading import BufferSource, buffer_source
 from .reading import OWN_MEMORY_AT_LEAST
 from .results import CheckpointError, RestoreResult
@@ -40,6 +41,7 @@ class Restoring:
         ``announce``: tell ``on_restore`` (the server follows restores the notebook makes; its
         own requests pass False).
         """
+        self.stop_lazy_load()  # a new restore replaces what the last one still loads
         result = self._restore(checkpoint_id, names)
         if announce:
             for callback in self.on_restore:
@@ -87,10 +89,13 @@ class Restoring:
             if names is None
             else []
         )
+        lazy = lazy_buffers(manifest, streamed) if self.lazy_restore else set()
         try:
-            with buffer_source(store, manifest, [d for d in needed if d not in streamed]) as source:
+            with buffer_source(
+                store, manifest, [d for d in needed if d not in streamed and d not in lazy]
+            ) as source:
                 return self._load_variables(
-                    manifest, checkpoint_id, names, started, source, streamed
+                    manifest, checkpoint_id, names, started, source, streamed, lazy
                 )
         finally:
             store.release_maps()
@@ -103,9 +108,12 @@ class Restoring:
         started: float,
         source: BufferSource,
         streamed: set[str],
+        lazy: set[str],
     ) -> RestoreResult:
         verified: set[str] = set()
         bytes_read = 0
+        mapped: dict[str, MappedBuffer] = {}  # lazy buffers handed out, in that order
+        loading = ""  # the variable being loaded: who a mapped buffer's users are
 
         def location_of(digest: str) -> dict[str, Any]:
             location = manifest["buffers"].get(digest)
@@ -116,6 +124,14 @@ class Restoring:
         def read_buffer(digest: str) -> memoryview:
             nonlocal bytes_read
             location = location_of(digest)
+            if digest in lazy:  # its map, now; its bytes come in and are checked after ready
+                handed = mapped.get(digest)
+                if handed is None:
+                    handed = mapped[digest] = MappedBuffer(
+                        digest, source.map_now(digest), location["file"]
+                    )
+                handed.users.add(loading)
+                return handed.view
             # Hashed piece by piece while the rest of the buffer is still being read.
             check = content_hasher() if self.verify and digest not in verified else None
             data = source.get(digest, None if check is None else check.update)
@@ -160,6 +176,7 @@ class Restoring:
                     else f"not in checkpoint {checkpoint_id} (it has: {', '.join(available)})"
                 )
                 continue
+            loading = name
             try:
                 values[name] = loader.variable(name)
             except RestoreError as err:
@@ -185,6 +202,7 @@ class Restoring:
                 loader.rebuilder.warnings.append(f"random generator states not restored: {err}")
         if names is None and not failed:
             self._remember_base(checkpoint_id, values)
+        loading_bytes = self._start_lazy_load(list(mapped.values()), values, checkpoint_id)
         not_saved = {} if names else dict(manifest["skipped"])
         if not same_process:  # made elsewhere, or before an upgrade: say what differs
             loader.rebuilder.warnings.extend(
@@ -207,7 +225,44 @@ class Restoring:
             detached={n: f for n, f in manifest.get("detached", {}).items() if n in values},
             replaced=replaced,
             not_asked=sorted(set(available) - set(names)) if names else [],
+            loading_bytes=loading_bytes,
         )
+
+    # -- lazy restore ----------------------------------------------------------------------------
+    def _start_lazy_load(
+        self, buffers: list[MappedBuffer], values: dict[str, Any], checkpoint_id: int
+    ) -> int:
+        """Load the mapped buffers behind the notebook; the bytes still to come."""
+        if not buffers:
+            return 0
+        users = {name for buffer in buffers for name in buffer.users}
+        load = LazyLoad(
+            buffers,
+            self.namespace,
+            {name: values[name] for name in users if name in values},
+            verify=self.verify,
+            on_progress=lambda done, total: self._lazy_progress(checkpoint_id, done, total),
+            on_end=lambda outcome: self._lazy_end(checkpoint_id, outcome),
+        )
+        self.lazy_load = load
+        load.start()
+        return load.total
+
+    def _lazy_progress(self, checkpoint_id: int, done: int, total: int) -> None:
+        for callback in self.on_loading:
+            callback(checkpoint_id, done, total)
+
+    def _lazy_end(self, checkpoint_id: int, outcome: LoadOutcome) -> None:
+        for callback in self.on_loaded:
+            callback(checkpoint_id, outcome)
+
+    def stop_lazy_load(self) -> None:
+        """Stop the background load of the last restore, if it runs (before a checkpoint reads
+        the same arrays, or a pause stops the kernel): it ends cleanly, saying how far it got."""
+        load = self.lazy_load
+        if load is not None:
+            load.stop()
+            self.lazy_load = None
 
     def _apply_session(
         self, loader: StateLoader, manifest: dict[str, Any], phase: str
@@ -229,3 +284,17 @@ def _unpickle_plain(data: memoryview) -> Any:
     import pickle
 
     return pickle.loads(bytes(data))
+
+
+def lazy_buffers(manifest: dict[str, Any], streamed: set[str]) -> set[str]:
+    """The buffers a lazy restore maps: the storages of CPU arrays and tensors at least
+    LAZY_AT_LEAST large (a pickled frame is read whole at once anyway; CUDA tensors stream)."""
+    buffers = manifest["buffers"]
+    return {
+        record["buffer"]
+        for record in manifest.get("storages", {}).values()
+        if "buffer" in record
+        and record.get("device", "cpu") == "cpu"
+        and record["buffer"] not in streamed
+        and buffers.get(record["buffer"], {}).get("nbytes", 0) >= LAZY_AT_LEAST
+    }

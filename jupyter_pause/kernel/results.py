@@ -86,6 +86,8 @@ class RestoreResult:
     replaced: list[str] = field(default_factory=list)
     # A restore by name: the checkpoint's other variables, which were not asked for.
     not_asked: list[str] = field(default_factory=list)
+    # A lazy restore: bytes handed over as maps, still coming in (and checked) after ready.
+    loading_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -42,6 +42,10 @@ class Saving:
         progress: ProgressCallback | None = None,
     ) -> CheckpointResult:
         """Save now. A failure leaves every earlier checkpoint as it was and raises CheckpointError."""
+        if reason in ("pause", "before-cull"):
+            # The kernel stops next: a lazy restore's load stops first, cleanly (the maps'
+            # files are the checkpoint's own, unchanged, so nothing of it is lost).
+            self.stop_lazy_load()
         started = time.perf_counter()
         selection = select_variables(self.namespace, self.hidden, self._marked, self.save_unmarked)
         context = self._session_context(selection.imports)

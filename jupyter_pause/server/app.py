@@ -219,6 +219,14 @@ class PauseApp(ExtensionApp):
         "after can find the data (see the README's store section).",
     ).tag(config=True)
 
+    lazy_restore = Bool(
+        False,
+        help="A resume from files is ready before the bytes are in: kernels give CPU arrays "
+        "and tensors of at least 1 MiB back as copy-on-write maps of their checkpoint files "
+        "(pages load on first touch) and load and check them right after, the chip saying "
+        "how much is still loading (c.Checkpointer.lazy_restore in every kernel).",
+    ).tag(config=True)
+
     load_in_kernels = Bool(
         True,
         help="Give every kernel this server starts %checkpoint and %pause from its first "
@@ -266,6 +274,7 @@ class PauseApp(ExtensionApp):
             max_bytes=self.max_bytes,
             save_unmarked=self.save_unmarked,
             direct_io=self.direct_io,
+            lazy_restore=self.lazy_restore,
             snapshots_keep_last=self.snapshots_keep_last,
             outside_hold_seconds=self.outside_pause_hold_seconds,
             kernelspec_overrides=dict(self.kernelspec_overrides),

@@ -280,6 +280,8 @@ class Orchestrator:
             self.sessions.save(record)
         elif kind == "request" and data.get("action") == "restored":
             await self.resumes.note_restore_in_notebook(record, kernel_id, data.get("result"))
+        elif kind == "request" and data.get("action") in ("loading", "loaded"):
+            await self.resumes.note_loading(record, kernel_id, data)
 
     async def _pause_when_idle(self, path: str, reason: str) -> None:
         record = self.records.get(path)

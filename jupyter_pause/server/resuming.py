@@ -14,11 +14,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import time
 from typing import Any
 
 from ..backends.base import Backend, BackendError, StillPaused
-from ..formatting import format_count, format_reasons
+from ..formatting import format_bytes, format_count, format_reasons
 from ..policy import Policy
 from ..records import SessionRecord
 from . import holds, metrics
@@ -27,6 +28,9 @@ from .kernel_connections import reconnect_notebooks
 from .kernels import Kernels
 from .sessions import Sessions, intact_text, resume_target, spec
 from .states import RUNNING_AGAIN, RUNNING_STATES, Conflict
+
+#: What the message of a session whose restore still loads ends with.
+_STILL_LOADING = re.compile(r" \S+ \S+ of \S+ \S+ still loading\.$")
 
 log = logging.getLogger(__name__)
 
@@ -337,6 +341,82 @@ class Resumes:
                 "restored by `%checkpoint restore` in the notebook",
             )
 
+    async def note_loading(
+        self, record: SessionRecord, kernel_id: str, data: dict[str, Any]
+    ) -> None:
+        """A lazy restore's background load went on (``loading``: bytes in, in all) or ended
+        (``loaded``: its outcome); the chip says how much is still loading until then."""
+        checkpoint_id = data.get("checkpoint_id")
+        if record.kernel_id != kernel_id or not isinstance(checkpoint_id, int):
+            return
+        loading = dict(record.loading or {})
+        if loading.get("checkpoint_id") != checkpoint_id:
+            loading = {"checkpoint_id": checkpoint_id}
+        if data.get("action") == "loaded" and isinstance(data.get("outcome"), dict):
+            outcome = data["outcome"]
+            loading.update(
+                done=int(outcome.get("bytes_done", 0)),
+                total=int(outcome.get("bytes_total", 0)),
+                outcome=outcome,
+            )
+        else:
+            loading.update(done=int(data.get("done", 0)), total=int(data.get("total", 0)))
+        record.loading = loading
+        async with self.sessions.lock(record.path):
+            await self._show_loading(record)
+
+    async def _show_loading(self, record: SessionRecord) -> None:
+        """Bring the state in line with the load of the restore it shows (if one runs)."""
+        loading, restore = record.loading, record.restore
+        if (
+            not loading
+            or not restore
+            or restore.get("checkpoint_id") != loading.get("checkpoint_id")
+            or record.state not in ("ready", "partial")
+            or not restore.get("loading_bytes")
+        ):
+            return
+        outcome = loading.get("outcome")
+        base = _STILL_LOADING.sub("", record.message)
+        if outcome is None:
+            done = int(loading.get("done", 0))
+            total = int(loading.get("total") or restore["loading_bytes"])
+            record.progress = {"phase": "loading", "done": done, "total": total}
+            record.message = (
+                f"{base} {format_bytes(total - done)} of {format_bytes(total)} still loading."
+            )
+            self.sessions.save(record)
+            return
+        restore = {**restore, "loading_bytes": 0}
+        taken = {n: w for n, w in (outcome.get("failed") or {}).items() if isinstance(n, str)}
+        ready = record.timeline.last("kernel_ready")
+        record.timeline.add(
+            "fully_loaded",
+            checkpoint_id=loading["checkpoint_id"],
+            bytes=int(outcome.get("bytes_done", 0)),
+            seconds=round(time.time() - ready.at, 3) if ready else None,
+            failed=taken,
+            stopped=bool(outcome.get("stopped")),
+        )
+        if taken:
+            restore["failed"] = {**(restore.get("failed") or {}), **taken}
+            restore["restored"] = [n for n in restore.get("restored") or [] if n not in taken]
+            await holds.hold(
+                self.sessions.store_for(record), record, restore["checkpoint_id"], taken
+            )
+            count = len(restore["restored"])
+            self.sessions.set(
+                record,
+                "partial",
+                f"Restored partially from files ({format_count(count, 'variable')}; "
+                f"{len(taken)} taken back once loaded: {format_reasons(taken)}).",
+                restore=restore,
+                progress=None,
+                error={"what": holds.what(record), "recovery": holds.advice(record)},
+            )
+            return
+        self.sessions.set(record, record.state, base, restore=restore, progress=None)
+
     def note_first_cell(self, record: SessionRecord, data: dict[str, Any]) -> None:
         """The first cell after a resume ran: the time from Resume to work goes on record."""
         record.awaiting_first_cell = False
@@ -415,6 +495,10 @@ class Resumes:
             **RUNNING_AGAIN,
         )
         metrics.resume_finished("partial" if state == "partial" else how, ready.at - started)
+        if result and result.get("loading_bytes"):  # ready before the bytes are in
+            if (record.loading or {}).get("checkpoint_id") != result["checkpoint_id"]:
+                record.loading = {"checkpoint_id": result["checkpoint_id"], "done": 0}
+            await self._show_loading(record)
 
     async def _reopen_sharing(self, record: SessionRecord, kernel_id: str) -> None:
         """The notebooks that shared the paused kernel get the resumed one (their sessions

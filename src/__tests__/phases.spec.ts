@@ -169,6 +169,16 @@ describe('describeEvent', () => {
         ev('checkpoint_written', 1, { checkpoint_id: 1, bytes_written: 27_700 })
       )
     ).toBe('Checkpoint 1 written: 27.7 KB');
+    expect(
+      describeEvent(
+        ev('fully_loaded', 1, {
+          bytes: 8_000_000_000,
+          seconds: 9.64,
+          failed: { big: 'damaged' },
+          stopped: false
+        })
+      )
+    ).toBe('All loaded: 8.0 GB in 9.6 s after ready; damaged, taken back: big');
     expect(describeEvent(ev('idle_gap', 1, { seconds: 1800 }))).toBe(
       'Back after 30 min without activity'
     );

@@ -250,6 +250,44 @@ describe('sessionView', () => {
     );
   });
 
+  it('ready before the bytes are in: says how much is still loading, then not', () => {
+    const restore = {
+      checkpoint_id: '7',
+      restored: ['model', 'x'],
+      failed: {},
+      not_saved: {},
+      warnings: [],
+      seconds: 0.1,
+      bytes_read: 1000,
+      loading_bytes: 8_000_000_000
+    };
+    const loading = sessionView(
+      session({
+        state: 'ready',
+        how: 'files',
+        restore,
+        progress: {
+          phase: 'loading',
+          done: 4_900_000_000,
+          total: 8_000_000_000
+        }
+      })
+    );
+    expect(loading.label).toBe('Ready (3.1 GB of 8.0 GB still loading)');
+    expect(loading.tone).toBe('success');
+    expect(loading.canPause).toBe(true);
+    expect(loading.tooltip).toContain('waits only for its own bytes');
+    const loaded = sessionView(
+      session({
+        state: 'ready',
+        how: 'files',
+        restore: { ...restore, loading_bytes: 0 },
+        progress: null
+      })
+    );
+    expect(loaded.label).toBe('Ready: restored from files (2 variables)');
+  });
+
   it('paused without checkpoint info', () => {
     expect(sessionView(session({ state: 'paused' })).label).toBe(
       'Paused since 18:02'

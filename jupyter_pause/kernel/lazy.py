@@ -1,0 +1,176 @@
+"""Ready before the bytes are in: large buffers handed over as maps, loaded behind the user.
+
+A lazy restore (``Checkpointer.lazy_restore``) gives each large CPU array and tensor the
+copy-on-write map of its checkpoint data file (``store.open_buffer``): a plain ``ndarray`` or
+``Tensor`` whose pages come in on first touch, and whose writes land in private pages (the
+file never changes). The kernel is ready once the small objects are back. ``LazyLoad`` then
+faults every mapped buffer in on worker threads (``page_cache.Prefetch``), in the order the
+restore handed them out, and checks each against its hash once it is in. A buffer that does
+not match takes back the variables built on it (each still holding that very object) and
+names them: a damaged file is never silently worked with.
+
+A file cut short is found before any of this: ``open_buffer`` refuses a buffer that reaches
+past the end of its file, so no map can reach a page the file does not have (no SIGBUS).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .arrays import content_hasher
+from .page_cache import LIBC, Prefetch
+
+#: Buffers at least this large are mapped and loaded after ready; smaller ones are read
+#: (and checked) before, as in an eager restore: mapping a small buffer saves nothing.
+LAZY_AT_LEAST = 1 << 20
+#: How often progress is told (seconds): a chip that counts is enough.
+PROGRESS_EVERY = 0.5
+
+
+@dataclass
+class MappedBuffer:
+    """One buffer handed to the notebook as a map, not yet known to be in or intact."""
+
+    digest: str
+    view: memoryview  # keeps its map alive until checked
+    file: str
+    users: set[str] = field(default_factory=set)  # the variables built on it
+
+
+@dataclass
+class LoadOutcome:
+    """What the background load found, once it ended."""
+
+    bytes_total: int
+    bytes_done: int
+    seconds: float
+    failed: dict[str, str]  # variable -> why it was taken back
+    stopped: bool  # stopped before the end (a checkpoint, a pause, a new restore)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bytes_total": self.bytes_total,
+            "bytes_done": self.bytes_done,
+            "seconds": round(self.seconds, 3),
+            "failed": self.failed,
+            "stopped": self.stopped,
+        }
+
+
+class LazyLoad:
+    """Faults the mapped buffers in and checks them, behind the notebook (see the module)."""
+
+    def __init__(
+        self,
+        buffers: list[MappedBuffer],
+        namespace: dict[str, Any],
+        restored: dict[str, Any],
+        *,
+        verify: bool,
+        on_progress: Callable[[int, int], None],
+        on_end: Callable[[LoadOutcome], None],
+    ) -> None:
+        self.buffers = buffers
+        self.total = sum(b.view.nbytes for b in buffers)
+        self.done = 0
+        self._namespace = namespace
+        self._restored = restored  # name -> the object the restore put there
+        self._verify = verify
+        self._on_progress = on_progress
+        self._on_end = on_end
+        self._stop = threading.Event()
+        self._started = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="jupyter-pause-lazy", daemon=True)
+        self._prefetch: Prefetch | None = None
+        self.outcome: LoadOutcome | None = None
+
+    @property
+    def pending(self) -> int:
+        """Bytes not in (and checked) yet."""
+        return self.total - self.done
+
+    def start(self) -> None:
+        if LIBC is not None:
+            anchors = [ctypes.c_char.from_buffer(b.view) for b in self.buffers]
+            self._prefetch = Prefetch(
+                [
+                    (b.digest, ctypes.addressof(anchor), b.view.nbytes)
+                    for b, anchor in zip(self.buffers, anchors, strict=True)
+                ],
+                anchors,
+            )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop where it is (what was not checked stays as it is) and wait for the workers."""
+        self._stop.set()
+        if self._prefetch is not None:
+            self._prefetch.cancel()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until the load ended; whether it did."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        failed: dict[str, str] = {}
+        told = 0.0
+        try:
+            for buffer in self.buffers:
+                if self._stop.is_set():
+                    break
+                if self._prefetch is not None:
+                    self._prefetch.wait(buffer.digest)
+                if self._stop.is_set():
+                    break
+                if self._verify and not self._intact(buffer):
+                    failed.update(self._take_back(buffer))
+                self.done += buffer.view.nbytes
+                buffer.view = memoryview(b"")  # checked: the variables keep the map alive
+                now = time.perf_counter()
+                if now - told >= PROGRESS_EVERY:
+                    told = now
+                    self._on_progress(self.done, self.total)
+        finally:
+            if self._prefetch is not None:
+                self._prefetch.cancel()
+                self._prefetch.join()
+                self._prefetch = None
+            self.outcome = LoadOutcome(
+                bytes_total=self.total,
+                bytes_done=self.done,
+                seconds=time.perf_counter() - self._started,
+                failed=failed,
+                stopped=self._stop.is_set() and self.done < self.total,
+            )
+            self._on_end(self.outcome)
+
+    def _intact(self, buffer: MappedBuffer) -> bool:
+        check = content_hasher()
+        try:
+            check.update(buffer.view)
+        except Exception:  # an unreadable page (EIO): as damaged as a wrong hash
+            return False
+        return check.hexdigest() == buffer.digest
+
+    def _take_back(self, buffer: MappedBuffer) -> dict[str, str]:
+        """The variables built on a damaged buffer leave the namespace (when they still hold
+        what the restore put there); why, per variable."""
+        why = (
+            f"its data in {buffer.file} did not match its hash once loaded (the file is "
+            "damaged): taken back; restore an older checkpoint with `%checkpoint restore ID`"
+        )
+        taken = {}
+        for name in sorted(buffer.users):
+            value = self._restored.get(name)
+            if value is not None and self._namespace.get(name) is value:
+                del self._namespace[name]
+            taken[name] = why
+        return taken

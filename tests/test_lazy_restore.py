@@ -1,0 +1,252 @@
+"""A lazy restore (issue 40): large arrays and tensors come back as copy-on-write maps of their
+checkpoint files before their bytes are in, indistinguishable from the eager restore's, and
+are loaded and checked behind the notebook."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+
+from jupyter_pause.kernel.api import Checkpointer
+from jupyter_pause.kernel.lazy import LAZY_AT_LEAST
+
+np = pytest.importorskip("numpy")
+torch = pytest.importorskip("torch")
+
+MB = LAZY_AT_LEAST // 8  # float64 items in one lazy-sized buffer
+
+
+def make(tmp_path: Path, namespace: dict, **traits) -> Checkpointer:
+    return Checkpointer(
+        namespace, key=str(tmp_path / "nb.ipynb"), store_root=str(tmp_path / "s"), **traits
+    )
+
+
+def saved(tmp_path: Path, namespace: dict) -> None:
+    make(tmp_path, namespace).checkpoint()
+
+
+def restored(tmp_path: Path, lazy: bool = True) -> tuple[dict, Checkpointer, object]:
+    namespace: dict = {}
+    checkpointer = make(tmp_path, namespace, lazy_restore=lazy)
+    ends: list = []
+    checkpointer.on_loaded.append(lambda checkpoint_id, outcome: ends.append(outcome))
+    result = checkpointer.restore()
+    checkpointer.ends = ends  # type: ignore[attr-defined]
+    return namespace, checkpointer, result
+
+
+def large_buffer(tmp_path: Path) -> tuple[Path, int, int]:
+    """(data file, offset, size) of the checkpoint's one large buffer, as its manifest says."""
+    [manifest] = (tmp_path / "s").rglob("manifests/*.json")
+    buffers = json.loads(manifest.read_text())["buffers"].values()
+    [found] = [b for b in buffers if b["nbytes"] >= LAZY_AT_LEAST]
+    return manifest.parent.parent / found["file"], found["offset"], found["nbytes"]
+
+
+def finished(checkpointer: Checkpointer):
+    load = checkpointer.lazy_load
+    assert load is not None and load.wait(60)
+    [outcome] = checkpointer.ends  # type: ignore[attr-defined]
+    return outcome
+
+
+def test_mapped_arrays_and_tensors_are_the_eager_restores_own(tmp_path: Path) -> None:
+    # Given a checkpoint of large arrays and tensors that share memory, and small ones
+    big = np.arange(4 * MB, dtype=np.float64).reshape(4, MB)
+    weights = torch.arange(3 * MB, dtype=torch.float64)
+    saved(
+        tmp_path,
+        {
+            "big": big,
+            "rows": big[1:3],  # a view of it
+            "weights": weights,
+            "as_numpy": weights.numpy(),  # the tensor's memory, seen by numpy
+            "small": np.ones(10),
+        },
+    )
+    eager, _, _ = restored(tmp_path, lazy=False)
+
+    # When it is restored lazily
+    lazy, checkpointer, result = restored(tmp_path)
+
+    # Then the large buffers are still coming, and every value is what the eager restore gives
+    assert result.loading_bytes == big.nbytes + weights.numel() * 8, result.loading_bytes
+    assert result.complete
+    for name in ("big", "rows", "weights", "as_numpy", "small"):
+        value, expected = lazy[name], eager[name]
+        assert type(value) is type(expected), name
+        if isinstance(value, np.ndarray):
+            assert value.flags.writeable and value.flags.c_contiguous == expected.flags.c_contiguous
+            assert value.flags.owndata == expected.flags.owndata
+            np.testing.assert_array_equal(value, expected)
+        else:
+            assert torch.equal(value, expected)
+    # views and sharing as before: one memory
+    assert np.shares_memory(lazy["rows"], lazy["big"])
+    assert np.shares_memory(lazy["as_numpy"], lazy["weights"].numpy())
+    # pickling copies the values, as any array's
+    assert np.array_equal(pickle.loads(pickle.dumps(lazy["big"])), big)
+    # and the load ends with every byte in and checked
+    outcome = finished(checkpointer)
+    assert (outcome.bytes_done, outcome.failed, outcome.stopped) == (outcome.bytes_total, {}, False)
+
+
+def test_a_write_after_the_restore_stays_in_the_kernel_and_the_file_never_changes(
+    tmp_path: Path,
+) -> None:
+    saved(tmp_path, {"big": np.zeros((2, MB))})
+    lazy, checkpointer, _ = restored(tmp_path)
+    lazy["big"][0, :5] = 7.0  # in place, before its pages came in
+    finished(checkpointer)
+    assert lazy["big"][0, :6].tolist() == [7.0] * 5 + [0.0]
+    again, other, _ = restored(tmp_path)  # the checkpoint's file is as it was written
+    assert float(again["big"].sum()) == 0.0
+    finished(other)
+
+
+def test_an_unchanged_mapped_array_costs_nothing_in_the_next_checkpoint(tmp_path: Path) -> None:
+    saved(tmp_path, {"big": np.ones((3, MB))})
+    _lazy, checkpointer, _ = restored(tmp_path)
+    finished(checkpointer)
+    result = checkpointer.checkpoint()
+    assert result.bytes_written < LAZY_AT_LEAST, result
+
+
+def test_a_checkpoint_deleted_while_mapped_keeps_its_arrays(tmp_path: Path) -> None:
+    saved(tmp_path, {"big": np.full((2, MB), 3.0)})
+    lazy, checkpointer, _ = restored(tmp_path)
+    # When retention deletes every data file the maps come from
+    data_files = [p for p in (tmp_path / "s").rglob("*") if p.parent.name in ("packs", "blobs")]
+    data_files += list((tmp_path / "s").rglob("blobs/*/*"))
+    assert data_files
+    for path in data_files:
+        path.unlink()
+    # Then the map keeps them: the values load and check as if nothing happened
+    outcome = finished(checkpointer)
+    assert outcome.failed == {}
+    assert float(lazy["big"].sum()) == 3.0 * 2 * MB
+
+
+def test_a_truncated_file_is_found_at_the_restore_not_by_a_crash(tmp_path: Path) -> None:
+    saved(tmp_path, {"big": np.ones((2, MB))})
+    path, offset, nbytes = large_buffer(tmp_path)
+    with open(path, "r+b") as file:
+        file.truncate(offset + nbytes // 2)
+    lazy, checkpointer, result = restored(tmp_path)
+    assert "shorter than recorded" in result.failed["big"], result.failed
+    assert "big" not in lazy and checkpointer.lazy_load is None
+
+
+def test_a_damaged_file_found_in_the_background_takes_its_variables_back(tmp_path: Path) -> None:
+    saved(tmp_path, {"big": np.ones((2, MB)), "x": 1})
+    path, offset, _nbytes = large_buffer(tmp_path)
+    with open(path, "r+b") as file:  # same size, other bytes
+        file.seek(offset + 100)
+        file.write(b"\xff" * 8)
+    lazy, checkpointer, result = restored(tmp_path)
+    assert result.complete and "big" in lazy  # handed over before its bytes were checked
+    outcome = finished(checkpointer)
+    assert list(outcome.failed) == ["big"]
+    assert "did not match its hash once loaded" in outcome.failed["big"]
+    assert "big" not in lazy and lazy["x"] == 1
+
+
+def test_a_checkpoint_for_a_pause_stops_the_load_cleanly(tmp_path: Path) -> None:
+    saved(tmp_path, {"big": np.ones((64, MB))})  # 64 MiB
+    lazy, checkpointer, _ = restored(tmp_path)
+    result = checkpointer.checkpoint(reason="pause")
+    assert checkpointer.lazy_load is None
+    [outcome] = checkpointer.ends  # type: ignore[attr-defined]
+    assert outcome.failed == {} and outcome.bytes_done <= outcome.bytes_total
+    assert result.bytes_written < LAZY_AT_LEAST  # the unchanged array is not written again
+    assert float(lazy["big"][-1].sum()) == MB
+
+
+def test_off_reads_everything_before_ready(tmp_path: Path) -> None:
+    saved(tmp_path, {"big": np.ones((2, MB))})
+    _eager, checkpointer, result = restored(tmp_path, lazy=False)
+    assert result.loading_bytes == 0 and checkpointer.lazy_load is None
+
+
+# -- through the server, with real kernels ----------------------------------------------------------
+LAZY_SERVER = pytest.mark.parametrize("jp_server_config", [{"lazy_restore": True}], indirect=True)
+STATE = "import numpy as np\nbig = np.arange(8 * 2**20, dtype=np.float64)  # 64 MiB\nx = 42"
+
+
+async def paused_with_state(server, path: str = "lazy.ipynb") -> None:
+    from .servers import pause_and_wait
+
+    kernel_id = await server.open_notebook(path)
+    await server.run(kernel_id, STATE)
+    assert (await pause_and_wait(server, path))["state"] == "paused"
+
+
+def events(timeline: dict, kind: str) -> list[dict]:
+    return [e for e in timeline["events"] if e["kind"] == kind]
+
+
+@LAZY_SERVER
+async def test_a_resume_is_ready_before_the_bytes_and_the_timeline_says_when_all_came(
+    server,
+) -> None:
+    await paused_with_state(server)
+    code, _ = await server.call("POST", "resume", "lazy.ipynb")
+    assert code == 202
+    ready = await server.wait_state("lazy.ipynb", "ready", "partial", "failed")
+    assert ready["state"] == "ready" and ready["how"] == "files", ready
+    assert ready["restore"]["loading_bytes"] == 64 * 2**20, ready["restore"]
+    # The load ends on its own: on the timeline after ready, with every byte
+    timeline = await server.wait_for(
+        "lazy.ipynb", lambda r: not r["progress"] and "still loading" not in r["message"]
+    )
+    _, timeline = await server.call("GET", "timeline", "lazy.ipynb")
+    [loaded] = events(timeline, "fully_loaded")
+    assert loaded["data"]["bytes"] == 64 * 2**20 and loaded["data"]["failed"] == {}
+    assert loaded["at"] >= events(timeline, "kernel_ready")[-1]["at"]
+    kernel_id = (await server.call("GET", "sessions", "lazy.ipynb"))[1]["kernel_id"]
+    assert await server.run(kernel_id, "print(int(big.sum()), type(big).__name__, x)") == (
+        f"{sum(range(8 * 2**20))} ndarray 42\n"
+    )
+
+
+@LAZY_SERVER
+async def test_a_pause_right_after_a_lazy_resume_stops_the_load_and_loses_nothing(server) -> None:
+    from .servers import pause_and_wait
+
+    await paused_with_state(server)
+    await server.call("POST", "resume", "lazy.ipynb")
+    await server.wait_state("lazy.ipynb", "ready", "partial", "failed")
+    # %pause at once, the load perhaps still running
+    again = await pause_and_wait(server, "lazy.ipynb")
+    assert again["state"] == "paused", again
+    await server.call("POST", "resume", "lazy.ipynb")
+    ready = await server.wait_state("lazy.ipynb", "ready", "partial", "failed")
+    assert ready["state"] == "ready", ready
+    kernel_id = ready["kernel_id"]
+    assert await server.run(kernel_id, "print(int(big[-1]), x)") == f"{8 * 2**20 - 1} 42\n"
+
+
+@LAZY_SERVER
+async def test_a_file_damaged_after_the_pause_is_taken_back_once_loaded(
+    server, pause_store
+) -> None:
+    await paused_with_state(server)
+    [manifest] = sorted(pause_store.rglob("manifests/*.json"))[-1:]
+    buffers = json.loads(manifest.read_text())["buffers"].values()
+    [big] = [b for b in buffers if b["nbytes"] >= LAZY_AT_LEAST]
+    with open(manifest.parent.parent / big["file"], "r+b") as file:
+        file.seek(big["offset"] + 4096)
+        file.write(b"\xff" * 8)
+    await server.call("POST", "resume", "lazy.ipynb")
+    ended = await server.wait_for(
+        "lazy.ipynb", lambda r: r["state"] in ("partial", "failed"), timeout=120
+    )
+    assert ended["state"] == "partial", ended
+    assert "taken back once loaded" in ended["message"], ended["message"]
+    assert "big" in ended["restore"]["failed"] and "x" in ended["restore"]["restored"]
+    kernel_id = ended["kernel_id"]
+    assert await server.run(kernel_id, "print('big' in globals(), x)") == "False 42\n"
