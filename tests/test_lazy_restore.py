@@ -250,3 +250,31 @@ async def test_a_file_damaged_after_the_pause_is_taken_back_once_loaded(
     assert "big" in ended["restore"]["failed"] and "x" in ended["restore"]["restored"]
     kernel_id = ended["kernel_id"]
     assert await server.run(kernel_id, "print('big' in globals(), x)") == "False 42\n"
+
+
+def test_the_most_recently_used_arrays_load_first(tmp_path: Path) -> None:
+    from jupyter_pause.kernel.tracking import ChangeTracker
+
+    class Shell:  # what the tracker asks of IPython: the namespace, the cell's code
+        user_ns: dict = {}
+
+        def transform_cell(self, raw: str) -> str:
+            return raw
+
+    # Given cells that used a, then b, then c, then a again
+    shell = Shell()
+    tracker = ChangeTracker(shell)
+    namespace = shell.user_ns
+    for cell, name in enumerate("abca"):
+        tracker.pre_run_cell(type("Info", (), {"raw_cell": f"{name} = {name}"})())
+        namespace[name] = np.full((2, MB), float(cell))
+        tracker.post_run_cell(None)
+    Checkpointer(
+        namespace, key=str(tmp_path / "nb.ipynb"), store_root=str(tmp_path / "s"), tracker=tracker
+    ).checkpoint()
+    # When it is restored lazily
+    _lazy, checkpointer, _ = restored(tmp_path)
+    # Then the load goes a, c, b
+    order = [sorted(b.users) for b in checkpointer.lazy_load.buffers]
+    assert order == [["a"], ["c"], ["b"]], order
+    finished(checkpointer)

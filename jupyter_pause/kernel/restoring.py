@@ -202,7 +202,12 @@ class Restoring:
                 loader.rebuilder.warnings.append(f"random generator states not restored: {err}")
         if names is None and not failed:
             self._remember_base(checkpoint_id, values)
-        loading_bytes = self._start_lazy_load(list(mapped.values()), values, checkpoint_id)
+        recent = [n for n in manifest.get("recent", []) if isinstance(n, str)]
+        if names is None and self.tracker is not None:
+            self.tracker.carry_order(recent)
+        loading_bytes = self._start_lazy_load(
+            _recent_first(list(mapped.values()), recent), values, checkpoint_id
+        )
         not_saved = {} if names else dict(manifest["skipped"])
         if not same_process:  # made elsewhere, or before an upgrade: say what differs
             loader.rebuilder.warnings.extend(
@@ -298,3 +303,12 @@ def lazy_buffers(manifest: dict[str, Any], streamed: set[str]) -> set[str]:
         and record["buffer"] not in streamed
         and buffers.get(record["buffer"], {}).get("nbytes", 0) >= LAZY_AT_LEAST
     }
+
+
+def _recent_first(buffers: list[MappedBuffer], recent: list[str]) -> list[MappedBuffer]:
+    """The buffers of the most recently used variables first (``recent``: the checkpoint's
+    order of use); the others after, in the order the restore handed them out."""
+    rank = {name: i for i, name in enumerate(recent)}
+    return sorted(
+        buffers, key=lambda b: min((rank.get(n, len(rank)) for n in b.users), default=len(rank))
+    )

@@ -163,6 +163,8 @@ class Saving:
                 "pid": os.getpid(),
                 "environment": _environment(capture.types, [imp.module for imp in context.imports]),
                 "marked": self.marked(),
+                # the order a lazy restore loads in: the most recently used first
+                "recent": self.tracker.recent_first(names) if self.tracker else [],
                 "frames": frames,
                 "aliases": capture.aliases,
                 "types": capture.types,

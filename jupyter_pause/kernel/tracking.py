@@ -156,6 +156,11 @@ class ChangeTracker:
         self.touched: set[str] = set()
         self.everything = True  # nothing is known before the first checkpoint
         self.running: set[str] | None = set()  # the cell executing now (None: opaque)
+        # name -> the cell that last mentioned it (counted from 1; earlier sessions' order is
+        # carried over by a restore as counts below 1): a lazy restore loads the most
+        # recently used first.
+        self.last_used: dict[str, int] = {}
+        self.cells = 0
 
     def pre_run_cell(self, info: Any) -> None:
         raw = getattr(info, "raw_cell", "") or ""
@@ -171,6 +176,19 @@ class ChangeTracker:
         names = expand_through_functions(names, self.shell.user_ns)
         self.running = names
         self.touched |= names
+        self.cells += 1
+        for name in names:
+            self.last_used[name] = self.cells
+
+    def recent_first(self, names: list[str]) -> list[str]:
+        """``names``, the most recently used first (those never seen last, in their order)."""
+        never = -(2**62)
+        return sorted(names, key=lambda name: -self.last_used.get(name, never))
+
+    def carry_order(self, recent: list[str]) -> None:
+        """Adopt the order of use of the session a restore brought back (most recent first)."""
+        for rank, name in enumerate(recent):
+            self.last_used.setdefault(name, -rank)
 
     def post_run_cell(self, result: Any) -> None:
         # Names bound by the cell are known only now (a def inside the cell, say): re-expand.
