@@ -38,6 +38,12 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
         f"Backend:  {status.get('backend')}; GPUs: {resources.get('gpus_total', 0)} total, "
         f"{resources.get('gpus_free', 0)} free; queue: {', '.join(queue) or 'empty'}"
     )
+    held = status.get("held_by_maps") or 0
+    if held:
+        print(
+            f"Disk:     {format_bytes(held)} of deleted checkpoints, still mapped by kernels "
+            "(lazily restored arrays): freed when they are deleted or the kernels stop"
+        )
     details = resources.get("details") or {}
     if details.get("problem"):
         fallback = f"; {details['fallback']}" if details.get("fallback") else ""

@@ -37,7 +37,8 @@ class MappedBuffer:
     """One buffer handed to the notebook as a map, not yet known to be in or intact."""
 
     digest: str
-    view: memoryview  # keeps its map alive until checked
+    view: memoryview  # the notebook's copy-on-write map (keeps it alive until checked)
+    written: memoryview  # the same bytes as the file holds them (read-only): what is checked
     file: str
     users: set[str] = field(default_factory=set)  # the variables built on it
 
@@ -133,7 +134,8 @@ class LazyLoad:
                 if self._verify and not self._intact(buffer):
                     failed.update(self._take_back(buffer))
                 self.done += buffer.view.nbytes
-                buffer.view = memoryview(b"")  # checked: the variables keep the map alive
+                # checked: the variables keep their map alive, the file's goes
+                buffer.view = buffer.written = memoryview(b"")
                 now = time.perf_counter()
                 if now - told >= PROGRESS_EVERY:
                     told = now
@@ -143,6 +145,10 @@ class LazyLoad:
                 self._prefetch.cancel()
                 self._prefetch.join()
                 self._prefetch = None
+            # Ended: no reference of ours may keep a variable (or its map) alive any longer.
+            self._restored = {}
+            for buffer in self.buffers:
+                buffer.view = buffer.written = memoryview(b"")
             self.outcome = LoadOutcome(
                 bytes_total=self.total,
                 bytes_done=self.done,
@@ -154,8 +160,8 @@ class LazyLoad:
 
     def _intact(self, buffer: MappedBuffer) -> bool:
         check = content_hasher()
-        try:
-            check.update(buffer.view)
+        try:  # the file's bytes: the notebook may have written to its own pages already
+            check.update(buffer.written)
         except Exception:  # an unreadable page (EIO): as damaged as a wrong hash
             return False
         return check.hexdigest() == buffer.digest

@@ -128,7 +128,10 @@ class Restoring:
                 handed = mapped.get(digest)
                 if handed is None:
                     handed = mapped[digest] = MappedBuffer(
-                        digest, source.map_now(digest), location["file"]
+                        digest,
+                        source.map_now(digest),
+                        self.store.open_buffer_as_written(location),
+                        location["file"],
                     )
                 handed.users.add(loading)
                 return handed.view

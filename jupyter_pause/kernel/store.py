@@ -99,6 +99,7 @@ class NotebookStore(Retention):
         self.key = key
         self.path = self.root / notebook_folder_name(key)
         self._maps: dict[str, mmap.mmap | bytearray] = {}
+        self._read_maps: dict[str, mmap.mmap | bytes] = {}  # lazy restores check through these
 
     # -- layout -------------------------------------------------------------------------------
     @property
@@ -369,6 +370,32 @@ class NotebookStore(Retention):
             )
         return memoryview(mapped)[offset : offset + nbytes]
 
+    def open_buffer_as_written(self, location: dict[str, Any]) -> memoryview:
+        """A read-only map of one buffer as its file holds it: what a lazy restore checks,
+        unchanged by the notebook's writes to its own copy-on-write map of the same pages."""
+        mapped = self._read_maps.get(location["file"])
+        if mapped is None:
+            path = self.path / location["file"]
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise StoreError(
+                    f"Data file {path} is missing: the checkpoint is damaged."
+                ) from None
+            try:
+                check_owned(fd, path)
+                size = os.fstat(fd).st_size
+                mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
+            finally:
+                os.close(fd)
+            self._read_maps[location["file"]] = mapped
+        offset, nbytes = location["offset"], location["nbytes"]
+        if offset + nbytes > len(mapped):
+            raise StoreError(
+                f"Data file {location['file']} is shorter than recorded: the checkpoint is damaged."
+            )
+        return memoryview(mapped)[offset : offset + nbytes]
+
     def open_data_file(self, name: str) -> tuple[int, bool]:
         """``(fd, direct)`` reading a data file, around the page cache where the filesystem
         allows it (``reading.FileReads`` reads it); checked like a file we map."""
@@ -460,6 +487,7 @@ class NotebookStore(Retention):
     def release_maps(self) -> None:
         """Forget our references; live arrays keep their own maps alive as long as they need."""
         self._maps.clear()
+        self._read_maps.clear()
 
     # -- process images (criu backend) ----------------------------------------------------------
     def image_path(self, checkpoint_id: int) -> Path:

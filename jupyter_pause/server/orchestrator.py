@@ -36,6 +36,7 @@ from .environment import Environment
 from .idle import Idle
 from .kernel_bridge import KernelBridge
 from .kernels import Kernels
+from .mapped_files import held_by_maps
 from .pausing import Pauses
 from .resuming import Resumes
 from .sessions import Sessions
@@ -291,6 +292,18 @@ class Orchestrator:
             await asyncio.sleep(0.1)
         with contextlib.suppress(PauseError):
             await self.pause(path, reason)
+
+    async def held_by_maps(self) -> int:
+        """Disk that deleted checkpoint files hold because this server's kernels still map
+        them (a lazy restore's arrays); 0 where the kernels are not local processes."""
+        manager = self.kernels.bridge.kernel_manager
+        pids = []
+        for kernel_id in list(manager.list_kernel_ids()):
+            with contextlib.suppress(Exception):
+                pid = getattr(manager.get_kernel(kernel_id).provisioner, "pid", None)
+                if isinstance(pid, int):
+                    pids.append(pid)
+        return await asyncio.to_thread(held_by_maps, pids, self.store_root)
 
     # -- timeline, status and collection ---------------------------------------------------------
     def timeline(self, record: SessionRecord) -> dict[str, Any]:

@@ -151,6 +151,7 @@ class StatusHandler(PauseAPIHandler):
                 "resources": resources.to_json(),
                 "policy": self.orchestrator.policy.to_json(),
                 "problems": list(self.orchestrator.problems),
+                "held_by_maps": await self.orchestrator.held_by_maps(),
             }
         )
 
