@@ -273,7 +273,8 @@ async def test_upgrade_check_tells_live_from_files_from_a_new_session(
     await prepare_drill_notebook(server)
     # Then it is the live process: its liveness token is the checkpoint's
     code, stdout, stderr = await jp("drill", "--upgrade-check", "--out", str(out))
-    assert (code, stderr) == (0, ""), stderr
+    assert code == 0, stderr
+    assert stderr == f"Upgrade check of the server at {jp.url}\n", stderr  # which one it examined
     assert stdout.startswith(f"{MAIN}: live process: its liveness token is the one of")
 
     # Given it was paused (as before a migration); when the check runs, it resumes it
