@@ -331,6 +331,9 @@ def test_an_own_servers_temporary_folder_goes_on_failure_and_on_ctrl_c(tmp_path:
     env.update(TMPDIR=str(tmp_path / "tmp"), JUPYTER_DATA_DIR=str(tmp_path / "data"))
     drill_process = subprocess.Popen(
         [sys.executable, "-m", "jupyter_pause.cli", "drill", "--own-server", "--rush", "0"],
+        # Ctrl-C as in a terminal: a test run in the background (`cmd &`) inherits SIGINT
+        # ignored, and Python then leaves it so
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -134,5 +134,8 @@ test.describe('session files', () => {
       .toBe(`${tmpPath}/dropped.ipynb`);
     await expect(pause.chipLabel).toHaveText(IMPORTED, { timeout: 60 * 1000 });
     expect(await page.contents.fileExists(`${tmpPath}/travel.jpsession`)).toBe(false);
+    // The kernels this test started go with it.
+    await page.notebook.close();
+    await page.kernel.shutdownAll();
   });
 });
