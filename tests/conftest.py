@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from jupyter_pause.policy import KERNEL_POLICY_ENV
+
 from .cli_runner import Cli
 from .kernels import Kernel, KernelFactory
 from .servers import Server, pause_server_config
@@ -19,11 +21,7 @@ pytest_plugins = ("pytest_jupyter.jupyter_server",)
 #: Variables the server extension exports to kernels; each test starts without them.
 _EXPORTED = (
     "JUPYTER_PAUSE_STORE",
-    "JUPYTER_PAUSE_KEEP_LAST",
-    "JUPYTER_PAUSE_MAX_AGE_HOURS",
-    "JUPYTER_PAUSE_MAX_BYTES",
-    "JUPYTER_PAUSE_SAVE_UNMARKED",
-    "JUPYTER_PAUSE_DIRECT_IO",
+    *(env for _trait, env, _read in KERNEL_POLICY_ENV),  # the policy, however it grows
     "JUPYTER_PAUSE_NOTEBOOK",
     "JUPYTER_PAUSE_AUTOLOAD",
 )
