@@ -455,13 +455,16 @@ def test_past_the_hold_limit_a_cold_start_restores_the_checkpoint_before_and_say
     gke_addon: SnapshotAddon, real_chain: RealPlayedCluster, tmp_path: Path
 ) -> None:
     # Given a notebook checkpointed once (state A), changed since (state B), whose next
-    # checkpoint takes 6 s, and an admin who lets the server hold the add-on 2 s only
+    # checkpoint takes 60 s, and an admin who lets the server hold the add-on 2 s only
+    # (60 s: longer than the add-on's snapshot can take on a loaded machine, so the pod is
+    # frozen before that checkpoint is complete; with 6 s, a slow snapshot let it complete,
+    # and the cold start rightly restored state B)
     config = "c.PauseApp.outside_pause_hold_seconds = 2.0\n"
     lab, container, server = enabled_lab(real_chain, tmp_path, extra_config=config)
     first_pod = container.pod_uid
     kernel_id, before = with_data(server)
     assert server.request("POST", "/jupyter-pause/checkpoint/a.ipynb")[0] == 200
-    server.run(kernel_id, "data[:10] = -1.0\n" + SLOW_CELL.format(seconds=6))
+    server.run(kernel_id, "data[:10] = -1.0\n" + SLOW_CELL.format(seconds=60))
     assert server.run(kernel_id, CHECKSUM_CELL) != before
 
     # When it is paused from the dashboard (the snapshot taken before the checkpoint was
