@@ -46,7 +46,7 @@ class Policy:
     max_bytes: int = 0
     save_unmarked: str = "all"
     direct_io: bool = True
-    lazy_restore: bool = False
+    lazy_restore: bool = True
     snapshots_keep_last: int = 1  # pod snapshots kept per workspace, the pinned one first
     #: A pause asked outside jupyter_pause that the platform holds for its snapshot: how long
     #: the checkpoints written meanwhile may keep the platform's snapshot waiting (seconds).

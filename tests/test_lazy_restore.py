@@ -214,6 +214,52 @@ async def test_a_resume_is_ready_before_the_bytes_and_the_timeline_says_when_all
     )
 
 
+async def fully_loaded_then_back(server, kernel_id: str, path: str = "lazy.ipynb") -> dict:
+    """The load's end on the timeline (every byte, nothing taken back), and the data in the
+    kernel; that event."""
+    await server.wait_for(path, lambda r: not r["progress"] and "still loading" not in r["message"])
+    _, timeline = await server.call("GET", "timeline", path)
+    [loaded] = events(timeline, "fully_loaded")
+    assert loaded["data"]["bytes"] == 64 * 2**20 and loaded["data"]["failed"] == {}, loaded
+    assert await server.run(kernel_id, "print(int(big.sum()), type(big).__name__, x)") == (
+        f"{sum(range(8 * 2**20))} ndarray 42\n"
+    )
+    return loaded
+
+
+@LAZY_SERVER
+async def test_after_a_server_restart_the_reopened_notebook_resumes_lazily(server) -> None:
+    # Given a paused notebook, then the server restarted (tomorrow: its memory gone)
+    await paused_with_state(server)
+    await server.restart_extension()
+    # When the notebook is opened again and resumed
+    fresh = await server.open_notebook("lazy.ipynb")
+    await server.wait_for("lazy.ipynb", lambda r: r["watching"] and r["unrestored_kernel"])
+    code, _ = await server.call("POST", "resume", "lazy.ipynb")
+    assert code == 202
+    ready = await server.wait_state("lazy.ipynb", "ready", "partial", "failed")
+    # Then into the new kernel, from files, and the rest arrives behind it
+    assert ready["state"] == "ready" and ready["kernel_id"] == fresh, ready
+    await fully_loaded_then_back(server, fresh)
+
+
+@LAZY_SERVER
+async def test_checkpoint_restore_typed_into_the_reopened_notebook_loads_lazily_too(
+    server,
+) -> None:
+    # Given a paused notebook opened again
+    await paused_with_state(server)
+    fresh = await server.open_notebook("lazy.ipynb")
+    await server.wait_for("lazy.ipynb", lambda r: r["watching"] and r["unrestored_kernel"])
+    # When the user types %checkpoint restore instead of pressing Resume
+    out = await server.run(fresh, "%checkpoint restore")
+    assert out.startswith("Restored checkpoint"), out
+    # Then the session is back and the timeline has the load's end, as for a Resume
+    ready = await server.wait_state("lazy.ipynb", "ready", "partial", "failed")
+    assert ready["state"] == "ready", ready
+    await fully_loaded_then_back(server, fresh)
+
+
 @LAZY_SERVER
 async def test_a_pause_right_after_a_lazy_resume_stops_the_load_and_loses_nothing(server) -> None:
     from .servers import pause_and_wait
@@ -305,3 +351,119 @@ async def test_status_says_how_much_disk_deleted_checkpoints_hold_while_mapped(
     await server.run(kernel_id, "del big; import gc; gc.collect()")
     _, status = await server.call("GET", "status")
     assert status["held_by_maps"] < 2**20, status
+
+
+def cold_maps(tmp_path: Path, names: str, size: int) -> list:
+    """Copy-on-write maps of new data files on the disk, none of their pages in memory."""
+    import mmap
+    import os
+
+    maps = []
+    for name in names:
+        path = tmp_path / name
+        with path.open("wb") as file:
+            file.write(name.encode() * size)
+            file.flush()
+            os.fsync(file.fileno())
+            os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        with path.open("rb") as file:
+            maps.append(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY))
+    return maps
+
+
+def read_like_a_cell(mapped, nbytes: int) -> None:
+    """What a cell summing the array does to the pages: faults them in, in order."""
+    import mmap
+
+    pages = np.frombuffer(mapped, dtype=np.uint8)[: nbytes : mmap.PAGESIZE]
+    try:
+        assert int(pages.sum()) == int(pages[0]) * len(pages)
+    finally:
+        del pages
+
+
+def prefetch_of(maps: list, names: str, **options):
+    import ctypes
+
+    from jupyter_pause.kernel import page_cache
+
+    if page_cache.LIBC_MINCORE is None:
+        pytest.skip("no mincore here (not Linux)")
+    anchors = [ctypes.c_char.from_buffer(m) for m in maps]
+    buffers = [
+        (n, ctypes.addressof(a), len(m)) for n, a, m in zip(names, anchors, maps, strict=True)
+    ]
+    return page_cache.Prefetch(buffers, anchors, **options)
+
+
+def test_the_load_goes_where_the_notebook_reads(tmp_path: Path) -> None:
+    from jupyter_pause.kernel.page_cache import PREFETCH_CHUNK
+
+    # Given three data files of two pieces each, on the disk and none of it in memory
+    maps = cold_maps(tmp_path, "abc", 2 * PREFETCH_CHUNK)
+    # and a load of them in that order, whose workers have not started
+    prefetch = prefetch_of(maps, "abc", threads=0)
+    try:
+        if prefetch.in_memory_at_start:
+            pytest.skip("this filesystem keeps the files in memory (tmpfs)")
+        assert prefetch.follow_once() is None  # nothing read yet
+        assert prefetch.waiting() == ["a", "a", "b", "b", "c", "c"]
+        # When the notebook reads the first piece of c (its own page faults)
+        read_like_a_cell(maps[2], PREFETCH_CHUNK)
+        # Then the load goes on with c first, the others after in their order
+        assert prefetch.follow_once() == "c"
+        assert prefetch.waiting() == ["c", "c", "a", "a", "b", "b"]
+        # and, first already, it is not moved again
+        assert prefetch.follow_once() is None
+    finally:
+        prefetch.cancel()
+        prefetch.join()
+        for m in maps:
+            m.close()
+
+
+def test_the_load_steps_aside_while_the_notebook_reads_and_stops_at_once_even_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from jupyter_pause.kernel import page_cache
+
+    monkeypatch.setattr(page_cache, "FOLLOW_QUIET", 0.5)
+
+    def seen(expected: object, within: float = 10.0) -> bool:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if prefetch.stepped_aside_for == expected:
+                return True
+            time.sleep(0.001)
+        return False
+
+    # Given a following load of three cold files (no workers: nothing but the notebook reads)
+    maps = cold_maps(tmp_path, "abc", 2 * page_cache.PREFETCH_CHUNK)
+    prefetch = prefetch_of(maps, "abc", threads=0, follow_faults=True)
+    try:
+        if prefetch.in_memory_at_start:
+            pytest.skip("this filesystem keeps the files in memory (tmpfs)")
+        # When the notebook reads b, then stops
+        read_like_a_cell(maps[1], page_cache.PREFETCH_CHUNK)
+        # Then the load steps aside for b, b goes first, and the load goes on once b is quiet
+        assert seen("b"), prefetch.followed
+        assert prefetch.waiting()[:2] == ["b", "b"]
+        assert seen(None)
+        assert prefetch.followed == ["b"]
+        # When the notebook reads c, and the load is stopped (a pause) while it steps aside
+        monkeypatch.setattr(page_cache, "FOLLOW_QUIET", 3600)
+        read_like_a_cell(maps[2], page_cache.PREFETCH_CHUNK)
+        assert seen("c"), prefetch.followed
+        started = time.monotonic()
+        prefetch.cancel()
+        prefetch.join()
+        # Then it stops at once, and whoever waits for a buffer is woken
+        assert time.monotonic() - started < 5
+        prefetch.wait("a")
+    finally:
+        prefetch.cancel()
+        prefetch.join()
+        for m in maps:
+            m.close()

@@ -156,7 +156,9 @@ def test_cold_files_are_read_and_cached_files_are_mapped(tmp_path: Path) -> None
     (blob,) = [p for p in data_files(make(tmp_path, {})) if p.stat().st_size > MB]
     assert resident_pages(blob) == -(-blob.stat().st_size // ALIGN)
     cached: dict = {}
-    assert make(tmp_path, cached).restore().failed == {}
+    # (the eager restore's paths; a lazy restore maps either way: tests/test_lazy_restore.py)
+    eager = {"lazy_restore": False}
+    assert make(tmp_path, cached, **eager).restore().failed == {}
     assert memory_of(cached["big"]) == str(blob)  # a map of the data file
     assert (cached["big"] == ns["big"]).all()
     del cached  # its map would keep the pages in the cache
@@ -164,7 +166,7 @@ def test_cold_files_are_read_and_cached_files_are_mapped(tmp_path: Path) -> None
     evict(blob)
     assert resident_pages(blob) == 0
     cold: dict = {}
-    assert make(tmp_path, cold).restore().failed == {}
+    assert make(tmp_path, cold, **eager).restore().failed == {}
     assert memory_of(cold["big"]) == "anonymous"
     fd, direct = reading.open_for_reading(blob)
     os.close(fd)
@@ -217,7 +219,7 @@ def test_a_damaged_cold_buffer_is_caught_piece_by_piece(
     os.sync()
     evict(blob)
     fresh: dict = {}
-    result = make(tmp_path, fresh).restore()
+    result = make(tmp_path, fresh, lazy_restore=False).restore()  # found before ready
     assert "does not match its hash: the file is damaged" in result.failed["a"]
     assert fresh["plain"] == [1, 2] and "a" not in fresh
 

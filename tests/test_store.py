@@ -198,7 +198,8 @@ def test_damaged_data_is_detected_on_restore(tmp_path: Path) -> None:
     blob.chmod(0o600)
     blob.write_bytes(bytes(raw))
     fresh: dict = {}
-    result = make(tmp_path, fresh).restore()
+    # (read before ready; tests/test_lazy_restore.py has the lazy restore's finding)
+    result = make(tmp_path, fresh, lazy_restore=False).restore()
     assert "does not match its hash: the file is damaged" in result.failed["a"]
     assert "a" not in fresh
 

@@ -116,7 +116,7 @@ class Checkpointer(Saving, Restoring, Configurable):
     ).tag(config=True)
 
     lazy_restore = Bool(
-        False,
+        True,
         help="Restore from files ready before the bytes are in: CPU arrays and tensors of at "
         "least 1 MiB come back as copy-on-write maps of their checkpoint files (plain numpy "
         "arrays and tensors, whose pages load on first touch), loaded and checked behind the "

@@ -28,6 +28,12 @@ from .page_cache import LIBC, Prefetch
 #: Buffers at least this large are mapped and loaded after ready; smaller ones are read
 #: (and checked) before, as in an eager restore: mapping a small buffer saves nothing.
 LAZY_AT_LEAST = 1 << 20
+#: Loaded in pieces this large: small enough that the workers turn to the buffer the notebook
+#: reads within a few milliseconds (``Prefetch(follow_faults=True)``).
+LOAD_PIECE = 8 << 20
+#: The load starts this long after ready (seconds), or once the notebook stops reading if it
+#: reads meanwhile: a cell run at once reads alone, a moment later nothing is held back.
+LOAD_AFTER = 0.05
 #: How often progress is told (seconds): a chip that counts is enough.
 PROGRESS_EVERY = 0.5
 
@@ -96,16 +102,23 @@ class LazyLoad:
         return self.total - self.done
 
     def start(self) -> None:
-        if LIBC is not None:
-            anchors = [ctypes.c_char.from_buffer(b.view) for b in self.buffers]
-            self._prefetch = Prefetch(
-                [
-                    (b.digest, ctypes.addressof(anchor), b.view.nbytes)
-                    for b, anchor in zip(self.buffers, anchors, strict=True)
-                ],
-                anchors,
-            )
+        # One thread now; it starts the workers: the notebook is ready without waiting for them.
         self._thread.start()
+
+    def _start_prefetch(self) -> None:
+        if LIBC is None:
+            return
+        anchors = [ctypes.c_char.from_buffer(b.view) for b in self.buffers]
+        self._prefetch = Prefetch(
+            [
+                (b.digest, ctypes.addressof(anchor), b.view.nbytes)
+                for b, anchor in zip(self.buffers, anchors, strict=True)
+            ],
+            anchors,
+            follow_faults=True,
+            chunk=LOAD_PIECE,
+            hold=LOAD_AFTER,
+        )
 
     def stop(self) -> None:
         """Stop where it is (what was not checked stays as it is) and wait for the workers."""
@@ -124,6 +137,8 @@ class LazyLoad:
         failed: dict[str, str] = {}
         told = 0.0
         try:
+            if not self._stop.is_set():
+                self._start_prefetch()
             for buffer in self.buffers:
                 if self._stop.is_set():
                     break

@@ -88,7 +88,7 @@ class BufferSource:
     def map_now(self, digest: str) -> memoryview:
         """One buffer's copy-on-write map, at once: its pages come in when first touched
         (a lazy restore; StoreError if its file is missing or shorter than recorded)."""
-        return self._store.open_buffer(self._buffers[digest])
+        return self._store.open_buffer(self._buffers[digest], read_ahead=False)
 
     def to_device(self, digest: str, device: Any, verify: bool) -> Any:
         """A torch storage on ``device`` (CUDA) holding the buffer, streamed there from the

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import dataclasses
 import errno
 import mmap
 import os
 import threading
+import time
 from typing import Any
 
 from .files import LIBC
@@ -31,6 +33,31 @@ MADV_WILLNEED = 3
 MADV_POPULATE_READ = 22  # Linux 5.14+; Python's mmap module does not name it
 PREFETCH_CHUNK = 32 << 20
 PREFETCH_THREADS = max(1, min(4, os.cpu_count() or 1))
+#: How often a prefetch that follows the notebook looks for the buffer it touches (seconds),
+#: and where in a piece.
+FOLLOW_EVERY = 0.003
+FOLLOW_PROBE_AT = 1 << 20
+#: The notebook stopped reading a buffer once no new piece of it came in for this long.
+FOLLOW_QUIET = 0.02
+
+
+@dataclasses.dataclass
+class _Piece:
+    address: int
+    length: int
+    done: threading.Event
+    digest: str  # the buffer it is part of
+
+    def probed_page(self) -> int:
+        """Where the notebook's reads show: 1 MiB in (its first fault reads ahead that far)."""
+        at = self.address + min(self.length - 1, FOLLOW_PROBE_AT)
+        return at - at % mmap.PAGESIZE
+
+
+def _resident(piece: _Piece) -> bool:
+    """Whether the page a piece is probed at is in memory (``mincore``)."""
+    found = ctypes.c_ubyte()
+    return LIBC_MINCORE(piece.probed_page(), 1, ctypes.byref(found)) == 0 and bool(found.value & 1)
 
 
 class Prefetch:
@@ -45,42 +72,83 @@ class Prefetch:
 
     Kernels older than 5.14 refuse the advice; the workers then only queue the reads
     (``MADV_WILLNEED``) and the reader's page faults map the pages.
+
+    ``follow_faults`` (a lazy restore, where the notebook runs beside the prefetch): every
+    few milliseconds, the first piece not started of each buffer is looked at (``mincore``
+    of a page 1 MiB in). In memory although no worker fetched it means the notebook's own
+    faults are reading that buffer. The workers then start nothing new while it does (its
+    faults' own read-ahead reads one stream faster than workers beside it would: measured in
+    bench/README.md), and go on once no new piece of it came in for ``FOLLOW_QUIET``, with
+    that buffer's pieces first. Only buffers no worker has started are looked at: the
+    read-ahead of a fetched piece can reach into the next. ``chunk``: the piece size;
+    smaller pieces make the workers step aside sooner. ``hold``: the workers start only after
+    this long (seconds), or once the notebook stops reading if it reads meanwhile: a cell run
+    at once finds the disk its own.
     """
 
-    def __init__(self, buffers: list[tuple[str, int, int]], anchors: list[Any]) -> None:
+    def __init__(
+        self,
+        buffers: list[tuple[str, int, int]],
+        anchors: list[Any],
+        *,
+        follow_faults: bool = False,
+        threads: int = PREFETCH_THREADS,
+        chunk: int = PREFETCH_CHUNK,
+        hold: float = 0.0,
+    ) -> None:
         """``buffers``: (digest, address, nbytes) of mapped buffers, in the order needed;
         ``anchors``: what keeps those maps where they are until ``join``."""
         self._anchors = anchors
-        self._pieces: collections.deque[tuple[int, int, threading.Event]] = collections.deque()
-        self._done: dict[str, list[threading.Event]] = {}
+        self._lock = threading.Lock()
+        self._pieces: collections.deque[_Piece] = collections.deque()
+        self._of: dict[str, list[_Piece]] = {}  # the pieces of each buffer
         for digest, address, nbytes in buffers:
-            events = self._done.setdefault(digest, [])
-            for offset in range(0, nbytes, PREFETCH_CHUNK):
-                events.append(threading.Event())
-                length = min(PREFETCH_CHUNK, nbytes - offset)
-                self._pieces.append((address + offset, length, events[-1]))
+            mine = self._of.setdefault(digest, [])
+            for offset in range(0, nbytes, chunk):
+                length = min(chunk, nbytes - offset)
+                mine.append(_Piece(address + offset, length, threading.Event(), digest))
+                self._pieces.append(mine[-1])
         self._advice = MADV_POPULATE_READ
+        self._ended = threading.Event()
+        self._go = threading.Event()  # cleared while the notebook reads a buffer on its own
+        self._go.set()
+        self.stepped_aside_for: str | None = None  # that buffer, while the workers wait
+        # In memory before anything was read (a warm page cache): not the notebook's doing.
+        self.in_memory_at_start = (
+            {digest for digest, mine in self._of.items() if _resident(mine[0])}
+            if LIBC_MINCORE is not None
+            else set()
+        )
+        self.followed: list[str] = []  # the buffers the notebook was found reading, in order
         self._threads = [
             threading.Thread(target=self._work, name="jupyter-pause-prefetch", daemon=True)
-            for _ in range(min(PREFETCH_THREADS, len(self._pieces)))
+            for _ in range(min(threads, len(self._pieces)))
         ]
+        if follow_faults and LIBC_MINCORE is not None and self._pieces:
+            self._go.clear()  # the notebook's first reads go first (see ``hold``)
+            self._threads.append(
+                threading.Thread(
+                    target=self._follow, args=(hold,), name="jupyter-pause-follow", daemon=True
+                )
+            )
         for thread in self._threads:
             thread.start()
 
-    def _take(self) -> tuple[int, int, threading.Event] | None:
-        """The next piece no worker has started (None when none is left); threads share it."""
-        try:
+    def _take(self) -> _Piece | None:
+        """The next piece no worker has started (None when none is left)."""
+        self._go.wait()
+        with self._lock:
+            if not self._pieces:
+                self._ended.set()
+                return None
             return self._pieces.popleft()
-        except IndexError:
-            return None
 
     def _work(self) -> None:
         while (piece := self._take()) is not None:
-            address, length, done = piece
             try:
-                self._advise(address, length)
+                self._advise(piece.address, piece.length)
             finally:
-                done.set()
+                piece.done.set()
 
     def _advise(self, address: int, length: int) -> None:
         # madvise wants a page-aligned start: widen the piece to its first page.
@@ -95,15 +163,80 @@ class Prefetch:
         # Anything else (EIO, a file cut short) is the restore's to report: hashing or reading
         # the buffer meets the same error with the file's name attached.
 
+    def _follow(self, hold: float) -> None:
+        reading: str | None = None  # the buffer the notebook reads on its own
+        came_in, changed = 0, 0.0
+        held_until = time.monotonic() + hold
+        try:
+            while not self._ended.wait(FOLLOW_EVERY):
+                now = time.monotonic()
+                if reading is None:
+                    reading = self.follow_once()
+                    if reading is not None:
+                        self.stepped_aside_for = reading
+                        self._go.clear()
+                        came_in, changed = self._pieces_in(reading), now
+                    elif now >= held_until:
+                        self._go.set()
+                    continue
+                now_in = self._pieces_in(reading)
+                if now_in > came_in:
+                    came_in, changed = now_in, now
+                elif now_in == len(self._of[reading]) or now - changed > FOLLOW_QUIET:
+                    reading = self.stepped_aside_for = None
+        finally:
+            self.stepped_aside_for = None
+            self._go.set()
+
+    def _pieces_in(self, digest: str) -> int:
+        """How many pieces of a buffer show in memory (by their probed page)."""
+        return sum(1 for piece in self._of[digest] if _resident(piece))
+
+    def follow_once(self) -> str | None:
+        """Put first the buffer the notebook is reading, if it reads one not started yet (see
+        the class); which one."""
+        with self._lock:
+            if not self._pieces:
+                self._ended.set()
+                return None
+            waiting = collections.Counter(piece.digest for piece in self._pieces)
+            # Only buffers no worker has touched (the read-ahead of a piece they fetched can
+            # reach into the next one), that were not in memory already, nor followed before.
+            candidates = [
+                digest
+                for digest, count in waiting.items()
+                if count == len(self._of[digest])
+                and digest not in self.in_memory_at_start
+                and digest not in self.followed
+                and digest != self._pieces[0].digest  # first already
+            ]
+        for digest in candidates:
+            if _resident(self._of[digest][0]):
+                with self._lock:
+                    mine = [p for p in self._pieces if p.digest == digest]
+                    others = [p for p in self._pieces if p.digest != digest]
+                    self._pieces = collections.deque(mine + others)
+                self.followed.append(digest)
+                return digest
+        return None
+
+    def waiting(self) -> list[str]:
+        """The buffers of the pieces not started, in the order they will be (one entry per
+        piece)."""
+        with self._lock:
+            return [piece.digest for piece in self._pieces]
+
     def wait(self, digest: str) -> None:
         """Return once every piece of buffer ``digest`` is in (or was tried)."""
-        for done in self._done.get(digest, ()):
-            done.wait()
+        for piece in self._of.get(digest, ()):
+            piece.done.wait()
 
     def cancel(self) -> None:
         """Drop the pieces no worker has started (waking anyone waiting on them)."""
+        self._ended.set()
+        self._go.set()
         while (piece := self._take()) is not None:
-            piece[2].set()
+            piece.done.set()
 
     def join(self) -> None:
         for thread in self._threads:

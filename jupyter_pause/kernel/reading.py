@@ -123,6 +123,7 @@ class FileReads:
         self._placed: dict[str, Placed] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="jupyter-pause-read")
+        self._submitted: list[Future[int]] = []
 
     def file(self, name: str) -> tuple[int, bool]:
         """The open file, or ReadError (remembered, so a missing file is tried once)."""
@@ -242,11 +243,18 @@ class FileReads:
 
     def submit(self, work: Callable[[], int]) -> Future[int]:
         """Run ``work`` on a reader thread (the CUDA path queues its own reads here)."""
-        return self._pool.submit(work)
+        future = self._pool.submit(work)
+        self._submitted.append(future)
+        return future
 
     def close(self) -> None:
         """Drop reads not started, wait for the others, close the files."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        # Every read done (the usual end of a restore), the idle workers exit on their own: a
+        # restore is not kept waiting for them (a few ms of a lazy restore's time to ready).
+        idle = all(
+            done.is_set() for placed in self._placed.values() for done in placed.span.read
+        ) and all(future.done() for future in self._submitted)
+        self._pool.shutdown(wait=not idle, cancel_futures=True)
         for placed in self._placed.values():
             if not all(done.is_set() for done in placed.span.read):  # a cancelled read
                 self._fail(placed.span, "the restore stopped before this was read")

@@ -360,9 +360,12 @@ class NotebookStore(Retention):
         return CheckpointWriter(self, checkpoint_id, known, direct=direct)
 
     # -- reading --------------------------------------------------------------------------------
-    def open_buffer(self, location: dict[str, Any]) -> memoryview:
-        """A writable, copy-on-write memory map of one buffer: pages load when first touched."""
-        mapped = self._map(location["file"])
+    def open_buffer(self, location: dict[str, Any], *, read_ahead: bool = True) -> memoryview:
+        """A writable, copy-on-write memory map of one buffer: pages load when first touched.
+
+        ``read_ahead``: ask the kernel to start reading its file at once (a restore about to
+        read it all); a lazy restore leaves the order to its own load (``lazy.LazyLoad``)."""
+        mapped = self._map(location["file"], read_ahead=read_ahead)
         offset, nbytes = location["offset"], location["nbytes"]
         if offset + nbytes > len(mapped):
             raise StoreError(

@@ -220,11 +220,12 @@ class PauseApp(ExtensionApp):
     ).tag(config=True)
 
     lazy_restore = Bool(
-        False,
+        True,
         help="A resume from files is ready before the bytes are in: kernels give CPU arrays "
         "and tensors of at least 1 MiB back as copy-on-write maps of their checkpoint files "
         "(pages load on first touch) and load and check them right after, the chip saying "
-        "how much is still loading (c.Checkpointer.lazy_restore in every kernel).",
+        "how much is still loading (c.Checkpointer.lazy_restore in every kernel). Off: "
+        "every byte is read and checked before the kernel is ready.",
     ).tag(config=True)
 
     load_in_kernels = Bool(
