@@ -155,6 +155,42 @@ def test_a_damaged_file_found_in_the_background_takes_its_variables_back(tmp_pat
     assert "big" not in lazy and lazy["x"] == 1
 
 
+def test_equal_arrays_come_back_as_maps_of_their_own_and_go_back_together(
+    tmp_path: Path,
+) -> None:
+    # Given two arrays and a tensor of equal content (one buffer on disk), not sharing memory
+    content = np.arange(2 * MB, dtype=np.float64)
+    saved(
+        tmp_path,
+        {"a": content.copy(), "b": content.copy(), "t": torch.from_numpy(content.copy())},
+    )
+    # When restored lazily
+    lazy, checkpointer, result = restored(tmp_path)
+    assert result.complete, result.summary()
+    # Then each is a map of its own, all three still to load (none read before ready)
+    assert result.loading_bytes == 3 * content.nbytes, result.loading_bytes
+    assert not np.shares_memory(lazy["a"], lazy["b"])
+    assert not np.shares_memory(lazy["a"], lazy["t"].numpy())
+    lazy["a"][0] = -1.0  # a write to one is that one's only
+    assert lazy["b"][0] == 0.0 and float(lazy["t"][0]) == 0.0 and lazy["a"][0] == -1.0
+    assert finished(checkpointer).failed == {}
+    np.testing.assert_array_equal(lazy["b"], content)
+    assert torch.equal(lazy["t"], torch.from_numpy(content))
+
+
+def test_a_damaged_file_takes_back_every_copy_built_on_it(tmp_path: Path) -> None:
+    content = np.ones((2, MB))
+    saved(tmp_path, {"a": content.copy(), "b": content.copy(), "x": 1})
+    path, offset, _nbytes = large_buffer(tmp_path)
+    with open(path, "r+b") as file:
+        file.seek(offset + 100)
+        file.write(b"\xff" * 8)
+    lazy, checkpointer, _ = restored(tmp_path)
+    failed = finished(checkpointer).failed
+    assert sorted(failed) == ["a", "b"], failed
+    assert "a" not in lazy and "b" not in lazy and lazy["x"] == 1
+
+
 def test_a_checkpoint_for_a_pause_stops_the_load_cleanly(tmp_path: Path) -> None:
     saved(tmp_path, {"big": np.ones((64, MB))})  # 64 MiB
     lazy, checkpointer, _ = restored(tmp_path)

@@ -85,10 +85,11 @@ class BufferSource:
         except ReadError as err:
             raise store_mod.StoreError(str(err)) from None
 
-    def map_now(self, digest: str) -> memoryview:
+    def map_now(self, digest: str, *, own: bool = False) -> memoryview:
         """One buffer's copy-on-write map, at once: its pages come in when first touched
-        (a lazy restore; StoreError if its file is missing or shorter than recorded)."""
-        return self._store.open_buffer(self._buffers[digest], read_ahead=False)
+        (a lazy restore; StoreError if its file is missing or shorter than recorded).
+        ``own``: a map no other buffer shares pages with (see ``store.open_buffer``)."""
+        return self._store.open_buffer(self._buffers[digest], read_ahead=False, own=own)
 
     def to_device(self, digest: str, device: Any, verify: bool) -> Any:
         """A torch storage on ``device`` (CUDA) holding the buffer, streamed there from the

@@ -121,20 +121,27 @@ class Restoring:
                 raise store_mod.StoreError(f"checkpoint {checkpoint_id} lacks buffer {digest}")
             return location
 
-        def read_buffer(digest: str) -> memoryview:
+        def read_buffer(digest: str, copy_of: memoryview | None = None) -> memoryview:
+            """A buffer's bytes; with ``copy_of`` (the bytes of an equal storage restored
+            already), in memory of their own."""
             nonlocal bytes_read
             location = location_of(digest)
             if digest in lazy:  # its map, now; its bytes come in and are checked after ready
-                handed = mapped.get(digest)
+                # A copy is a map of its own (private pages of the same file), loaded, checked
+                # and taken back on its own.
+                key = digest if copy_of is None else f"{digest} {len(mapped)}"
+                handed = mapped.get(key)
                 if handed is None:
-                    handed = mapped[digest] = MappedBuffer(
+                    handed = mapped[key] = MappedBuffer(
                         digest,
-                        source.map_now(digest),
+                        source.map_now(digest, own=copy_of is not None),
                         self.store.open_buffer_as_written(location),
                         location["file"],
                     )
                 handed.users.add(loading)
                 return handed.view
+            if copy_of is not None:  # read and checked already, as that storage's
+                return memoryview(bytearray(copy_of))
             # Hashed piece by piece while the rest of the buffer is still being read.
             check = content_hasher() if self.verify and digest not in verified else None
             data = source.get(digest, None if check is None else check.update)

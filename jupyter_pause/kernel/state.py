@@ -223,13 +223,15 @@ class StateLoader:
     def __init__(
         self,
         manifest: dict[str, Any],
-        read_buffer: Callable[[str], memoryview],
+        read_buffer: Callable[..., memoryview],
         keys: ObjectKeys,
         namespace: dict[str, Any],
         read_to_device: Callable[[str, str], Any] | None = None,
     ) -> None:
         self.manifest = manifest
-        self._read_buffer = read_buffer  # digest -> bytes
+        # (digest, copy_of=None) -> bytes; with ``copy_of`` (the bytes of an equal storage
+        # restored already), memory of their own
+        self._read_buffer = read_buffer
         # (digest, device) -> a torch storage on that device, or None where it is not streamed
         self._read_to_device = read_to_device
         self._on_device: dict[tuple[str, str], Any] = {}
@@ -278,8 +280,8 @@ class StateLoader:
             owner = self._storage_owner.setdefault(digest, key)
             if owner == key:
                 view = self._read_buffer(digest)
-            else:  # a copy of the first one's memory, read and checked already
-                view = memoryview(bytearray(self._storage_views[owner]))
+            else:  # memory of its own, with the first one's content
+                view = self._read_buffer(digest, copy_of=self._storage_views[owner])
         self._storage_views[key] = view
         return view
 

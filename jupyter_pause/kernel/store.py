@@ -360,12 +360,17 @@ class NotebookStore(Retention):
         return CheckpointWriter(self, checkpoint_id, known, direct=direct)
 
     # -- reading --------------------------------------------------------------------------------
-    def open_buffer(self, location: dict[str, Any], *, read_ahead: bool = True) -> memoryview:
+    def open_buffer(
+        self, location: dict[str, Any], *, read_ahead: bool = True, own: bool = False
+    ) -> memoryview:
         """A writable, copy-on-write memory map of one buffer: pages load when first touched.
 
         ``read_ahead``: ask the kernel to start reading its file at once (a restore about to
-        read it all); a lazy restore leaves the order to its own load (``lazy.LazyLoad``)."""
-        mapped = self._map(location["file"], read_ahead=read_ahead)
+        read it all); a lazy restore leaves the order to its own load (``lazy.LazyLoad``).
+        ``own``: a map of its own, whose pages no other buffer of the same file shares (a
+        second storage of equal content: its copy, still loaded lazily)."""
+        name = location["file"]
+        mapped = self._new_map(name, read_ahead) if own else self._map(name, read_ahead=read_ahead)
         offset, nbytes = location["offset"], location["nbytes"]
         if offset + nbytes > len(mapped):
             raise StoreError(
@@ -416,8 +421,11 @@ class NotebookStore(Retention):
 
     def _map(self, name: str, *, read_ahead: bool = True) -> mmap.mmap | bytearray:
         mapped = self._maps.get(name)
-        if mapped is not None:
-            return mapped
+        if mapped is None:
+            mapped = self._maps[name] = self._new_map(name, read_ahead)
+        return mapped
+
+    def _new_map(self, name: str, read_ahead: bool) -> mmap.mmap | bytearray:
         path = self.path / name
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -434,7 +442,6 @@ class NotebookStore(Retention):
         if read_ahead and isinstance(mapped, mmap.mmap):
             with contextlib.suppress(AttributeError, OSError):
                 mapped.madvise(mmap.MADV_WILLNEED)
-        self._maps[name] = mapped
         return mapped
 
     def start_prefetch(self, manifest: dict[str, Any], digests: list[str]) -> Prefetch | None:

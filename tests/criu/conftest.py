@@ -28,8 +28,11 @@ def criu_binary() -> str:
 
 
 @pytest.fixture
-def jp_server_config(pause_store: Path, criu_binary: str) -> dict:
-    return pause_server_config(pause_store, backend="criu", criu_binary=criu_binary)
+def jp_server_config(pause_store: Path, criu_binary: str, request: pytest.FixtureRequest) -> dict:
+    """The criu backend; a test parametrizes it indirectly with more PauseApp settings."""
+    return pause_server_config(
+        pause_store, backend="criu", criu_binary=criu_binary, **getattr(request, "param", {})
+    )
 
 
 @pytest.fixture

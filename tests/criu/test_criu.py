@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from jupyter_pause.backends.criu_tool import network_lock_table
 from jupyter_pause.kernel.store import NotebookStore
 
@@ -263,3 +265,46 @@ async def test_a_paused_process_comes_back_after_the_server_extension_restarts(
     # Then the very process comes back, proven by the token recorded at the pause
     assert ready["how"] == "live" and ready["kernel_id"] == kernel_id, ready
     assert await server.run(kernel_id, "print(next(numbers))") == "1\n"
+
+
+MAPPED_AT = """
+import numpy as np
+with open("/proc/self/maps") as maps:
+    for line in maps:
+        start, end = (int(a, 16) for a in line.split()[0].split("-"))
+        if start <= big.ctypes.data < end:
+            print(line.split(maxsplit=5)[-1].strip())
+"""
+
+
+@pytest.mark.parametrize("jp_server_config", [{"keep_last": 1}], indirect=True)
+async def test_a_lazily_restored_kernel_pauses_live_with_its_maps_even_of_deleted_files(
+    server: Server, pause_store: Path
+) -> None:
+    # Given a kernel restored from files (its image damaged), lazily: its 64 MiB array a
+    # copy-on-write map of the checkpoint's data file
+    kernel_id = await server.open_notebook("maps.ipynb")
+    await server.run(kernel_id, "import numpy as np\nbig = np.arange(8 * 2**20, dtype=np.float64)")
+    await pause_and_wait(server, "maps.ipynb")
+    (images,) = pause_store.glob("maps.ipynb-*/images/*")
+    (images / "pstree.img").write_bytes(b"\0garbage")
+    ready = await resume_and_wait(server, "maps.ipynb")
+    assert ready["how"] == "files" and ready["restore"]["loading_bytes"] > 0, ready
+    kernel_id = ready["kernel_id"]
+    await server.wait_for("maps.ipynb", lambda r: "still loading" not in r["message"])
+    mapped = (await server.run(kernel_id, MAPPED_AT)).strip()
+    assert mapped.startswith(str(pause_store)) and not mapped.endswith("(deleted)"), mapped
+    # and then changed, checkpointed, and its first checkpoint gone by retention (keep_last
+    # 1): the map now of a deleted file
+    await server.run(kernel_id, "big[:4] = -1.0\n%checkpoint")
+    assert (await server.run(kernel_id, MAPPED_AT)).strip() == f"{mapped} (deleted)"
+
+    # When it is paused live, and resumed
+    paused = await pause_and_wait(server, "maps.ipynb")
+    assert paused["state"] == "paused" and "process image" in paused["message"], paused
+    ready = await resume_and_wait(server, "maps.ipynb")
+
+    # Then it is the same process, its array as it was: the changed pages and the others
+    assert ready["state"] == "ready" and ready["how"] == "live", ready
+    check = "print(big[:5].tolist(), int(big[4:].sum()) == sum(range(4, 8 * 2**20)))"
+    assert await server.run(kernel_id, check) == "[-1.0, -1.0, -1.0, -1.0, 4.0] True\n"
