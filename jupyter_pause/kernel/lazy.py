@@ -28,9 +28,6 @@ from .page_cache import LIBC, Prefetch
 #: Buffers at least this large are mapped and loaded after ready; smaller ones are read
 #: (and checked) before, as in an eager restore: mapping a small buffer saves nothing.
 LAZY_AT_LEAST = 1 << 20
-#: Loaded in pieces this large: small enough that the workers turn to the buffer the notebook
-#: reads within a few milliseconds (``Prefetch(follow_faults=True)``).
-LOAD_PIECE = 8 << 20
 #: The load starts this long after ready (seconds), or once the notebook stops reading if it
 #: reads meanwhile: a cell run at once reads alone, a moment later nothing is held back.
 LOAD_AFTER = 0.05
@@ -116,7 +113,6 @@ class LazyLoad:
             ],
             anchors,
             follow_faults=True,
-            chunk=LOAD_PIECE,
             hold=LOAD_AFTER,
         )
 
