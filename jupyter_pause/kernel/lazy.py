@@ -5,9 +5,13 @@ copy-on-write map of its checkpoint data file (``store.open_buffer``): a plain `
 ``Tensor`` whose pages come in on first touch, and whose writes land in private pages (the
 file never changes). The kernel is ready once the small objects are back. ``LazyLoad`` then
 faults every mapped buffer in on worker threads (``page_cache.Prefetch``), in the order the
-restore handed them out, and checks each against its hash once it is in. A buffer that does
-not match takes back the variables built on it (each still holding that very object) and
-names them: a damaged file is never silently worked with.
+restore handed them out, and hashes each piece as soon as it is in, so the check ends with
+the last read. A buffer that does not match takes back the variables built on it (each still
+holding that very object) and names them: a damaged file is never silently worked with.
+
+The hash reads the notebook's own map (the pages the workers just brought in: no second
+fault per page). Only when that does not match (the notebook may have written to its copy
+already) are the file's bytes, as written, hashed again to tell a write from damage.
 
 A file cut short is found before any of this: ``open_buffer`` refuses a buffer that reaches
 past the end of its file, so no map can reach a page the file does not have (no SIGBUS).
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .arrays import content_hasher
-from .page_cache import LIBC, Prefetch
+from .page_cache import LIBC, PREFETCH_CHUNK, Prefetch
 
 #: Buffers at least this large are mapped and loaded after ready; smaller ones are read
 #: (and checked) before, as in an eager restore: mapping a small buffer saves nothing.
@@ -95,7 +99,7 @@ class LazyLoad:
 
     @property
     def pending(self) -> int:
-        """Bytes not in (and checked) yet."""
+        """Bytes not in (and hashed) yet."""
         return self.total - self.done
 
     def start(self) -> None:
@@ -107,9 +111,9 @@ class LazyLoad:
             return
         anchors = [ctypes.c_char.from_buffer(b.view) for b in self.buffers]
         self._prefetch = Prefetch(
-            [
-                (b.digest, ctypes.addressof(anchor), b.view.nbytes)
-                for b, anchor in zip(self.buffers, anchors, strict=True)
+            [  # keyed by position: equal buffers (a storage and its copy) are loaded apart
+                (key, ctypes.addressof(anchor), b.view.nbytes)
+                for key, (b, anchor) in enumerate(zip(self.buffers, anchors, strict=True))
             ],
             anchors,
             follow_faults=True,
@@ -135,22 +139,25 @@ class LazyLoad:
         try:
             if not self._stop.is_set():
                 self._start_prefetch()
-            for buffer in self.buffers:
-                if self._stop.is_set():
-                    break
-                if self._prefetch is not None:
-                    self._prefetch.wait(buffer.digest)
-                if self._stop.is_set():
-                    break
-                if self._verify and not self._intact(buffer):
+            for key, buffer in enumerate(self.buffers):
+                check = content_hasher() if self._verify else None
+                for start in range(0, buffer.view.nbytes, PREFETCH_CHUNK):
+                    end = min(start + PREFETCH_CHUNK, buffer.view.nbytes)
+                    if self._prefetch is not None:
+                        self._prefetch.wait(key, upto=end)
+                    if self._stop.is_set():
+                        return
+                    if check is not None and not _hash_into(check, buffer.view[start:end]):
+                        check = None  # unreadable (EIO): the file's bytes tell
+                    self.done += end - start
+                    now = time.perf_counter()
+                    if now - told >= PROGRESS_EVERY:
+                        told = now
+                        self._on_progress(self.done, self.total)
+                if self._verify and not self._intact(buffer, check):
                     failed.update(self._take_back(buffer))
-                self.done += buffer.view.nbytes
                 # checked: the variables keep their map alive, the file's goes
                 buffer.view = buffer.written = memoryview(b"")
-                now = time.perf_counter()
-                if now - told >= PROGRESS_EVERY:
-                    told = now
-                    self._on_progress(self.done, self.total)
         finally:
             if self._prefetch is not None:
                 self._prefetch.cancel()
@@ -169,13 +176,14 @@ class LazyLoad:
             )
             self._on_end(self.outcome)
 
-    def _intact(self, buffer: MappedBuffer) -> bool:
+    def _intact(self, buffer: MappedBuffer, notebooks: Any) -> bool:
+        """Whether a buffer holds what was saved: ``notebooks``, the hash of the notebook's
+        map, says so at once; else the file's bytes as written decide (the notebook may have
+        written to its own pages already)."""
+        if notebooks is not None and notebooks.hexdigest() == buffer.digest:
+            return True
         check = content_hasher()
-        try:  # the file's bytes: the notebook may have written to its own pages already
-            check.update(buffer.written)
-        except Exception:  # an unreadable page (EIO): as damaged as a wrong hash
-            return False
-        return check.hexdigest() == buffer.digest
+        return _hash_into(check, buffer.written) and check.hexdigest() == buffer.digest
 
     def _take_back(self, buffer: MappedBuffer) -> dict[str, str]:
         """The variables built on a damaged buffer leave the namespace (when they still hold
@@ -191,3 +199,13 @@ class LazyLoad:
                 del self._namespace[name]
             taken[name] = why
         return taken
+
+
+def _hash_into(check: Any, data: memoryview) -> bool:
+    """Add ``data`` to a hash; False when a page of it cannot be read (EIO): as damaged as a
+    wrong hash."""
+    try:
+        check.update(data)
+    except Exception:
+        return False
+    return True

@@ -10,6 +10,7 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Hashable
 from typing import Any
 
 from .files import LIBC
@@ -46,7 +47,7 @@ class _Piece:
     address: int
     length: int
     done: threading.Event
-    digest: str  # the buffer it is part of
+    key: Hashable  # the buffer it is part of
 
     def probed_page(self) -> int:
         """Where the notebook's reads show: 1 MiB in (its first fault reads ahead that far)."""
@@ -54,10 +55,15 @@ class _Piece:
         return at - at % mmap.PAGESIZE
 
 
-def _resident(piece: _Piece) -> bool:
-    """Whether the page a piece is probed at is in memory (``mincore``)."""
+def page_in_memory(address: int) -> bool:
+    """Whether the page at ``address`` (page-aligned) is in memory (``mincore``)."""
     found = ctypes.c_ubyte()
-    return LIBC_MINCORE(piece.probed_page(), 1, ctypes.byref(found)) == 0 and bool(found.value & 1)
+    return LIBC_MINCORE(address, 1, ctypes.byref(found)) == 0 and bool(found.value & 1)
+
+
+def _resident(piece: _Piece) -> bool:
+    """Whether the page a piece is probed at is in memory."""
+    return page_in_memory(piece.probed_page())
 
 
 class Prefetch:
@@ -88,48 +94,49 @@ class Prefetch:
 
     def __init__(
         self,
-        buffers: list[tuple[str, int, int]],
+        buffers: list[tuple[Hashable, int, int]],
         anchors: list[Any],
         *,
         follow_faults: bool = False,
         threads: int = PREFETCH_THREADS,
         hold: float = 0.0,
     ) -> None:
-        """``buffers``: (digest, address, nbytes) of mapped buffers, in the order needed;
-        ``anchors``: what keeps those maps where they are until ``join``."""
+        """``buffers``: (key, address, nbytes) of mapped buffers, in the order needed, each
+        key naming one buffer; ``anchors``: what keeps those maps where they are until
+        ``join``."""
         self._anchors = anchors
         self._lock = threading.Lock()
         self._pieces: collections.deque[_Piece] = collections.deque()
-        self._of: dict[str, list[_Piece]] = {}  # the pieces of each buffer
-        for digest, address, nbytes in buffers:
-            mine = self._of.setdefault(digest, [])
-            for offset in range(0, nbytes, PREFETCH_CHUNK):
-                length = min(PREFETCH_CHUNK, nbytes - offset)
-                mine.append(_Piece(address + offset, length, threading.Event(), digest))
-                self._pieces.append(mine[-1])
+        self._of: dict[Hashable, list[_Piece]] = {}  # the pieces of each buffer
+        for key, address, nbytes in buffers:
+            mine = self._of[key] = [
+                _Piece(
+                    address + offset, min(PREFETCH_CHUNK, nbytes - offset), threading.Event(), key
+                )
+                for offset in range(0, nbytes, PREFETCH_CHUNK)
+            ]
+            self._pieces.extend(mine)
         self._advice = MADV_POPULATE_READ
         self._ended = threading.Event()
         self._go = threading.Event()  # cleared while the notebook reads a buffer on its own
-        self._go.set()
-        self.stepped_aside_for: str | None = None  # that buffer, while the workers wait
-        # In memory before anything was read (a warm page cache): not the notebook's doing.
-        self.in_memory_at_start = (
-            {digest for digest, mine in self._of.items() if _resident(mine[0])}
-            if LIBC_MINCORE is not None
-            else set()
-        )
-        self.followed: list[str] = []  # the buffers the notebook was found reading, in order
+        self.stepped_aside_for: Hashable | None = None  # that buffer, while the workers wait
+        self.followed: list[Hashable] = []  # the buffers the notebook was found reading, in order
+        self.in_memory_at_start: set[Hashable] = set()
         self._threads = [
             threading.Thread(target=self._work, name="jupyter-pause-prefetch", daemon=True)
             for _ in range(min(threads, len(self._pieces)))
         ]
         if follow_faults and LIBC_MINCORE is not None and self._pieces:
-            self._go.clear()  # the notebook's first reads go first (see ``hold``)
+            # In memory before anything was read (a warm page cache): not the notebook's doing.
+            self.in_memory_at_start = {key for key, mine in self._of.items() if _resident(mine[0])}
+            # The workers wait: the notebook's first reads go first (see ``hold``).
             self._threads.append(
                 threading.Thread(
                     target=self._follow, args=(hold,), name="jupyter-pause-follow", daemon=True
                 )
             )
+        else:
+            self._go.set()
         for thread in self._threads:
             thread.start()
 
@@ -163,7 +170,7 @@ class Prefetch:
         # the buffer meets the same error with the file's name attached.
 
     def _follow(self, hold: float) -> None:
-        reading: str | None = None  # the buffer the notebook reads on its own
+        reading: Hashable | None = None  # the buffer the notebook reads on its own
         came_in, changed = 0, 0.0
         held_until = time.monotonic() + hold
         try:
@@ -187,47 +194,49 @@ class Prefetch:
             self.stepped_aside_for = None
             self._go.set()
 
-    def _pieces_in(self, digest: str) -> int:
+    def _pieces_in(self, key: Hashable) -> int:
         """How many pieces of a buffer show in memory (by their probed page)."""
-        return sum(1 for piece in self._of[digest] if _resident(piece))
+        return sum(1 for piece in self._of[key] if _resident(piece))
 
-    def follow_once(self) -> str | None:
+    def follow_once(self) -> Hashable | None:
         """Put first the buffer the notebook is reading, if it reads one not started yet (see
         the class); which one."""
         with self._lock:
             if not self._pieces:
                 self._ended.set()
                 return None
-            waiting = collections.Counter(piece.digest for piece in self._pieces)
+            waiting = collections.Counter(piece.key for piece in self._pieces)
             # Only buffers no worker has touched (the read-ahead of a piece they fetched can
             # reach into the next one), that were not in memory already, nor followed before.
             candidates = [
-                digest
-                for digest, count in waiting.items()
-                if count == len(self._of[digest])
-                and digest not in self.in_memory_at_start
-                and digest not in self.followed
-                and digest != self._pieces[0].digest  # first already
+                key
+                for key, count in waiting.items()
+                if count == len(self._of[key])
+                and key not in self.in_memory_at_start
+                and key not in self.followed
+                and key != self._pieces[0].key  # first already
             ]
-        for digest in candidates:
-            if _resident(self._of[digest][0]):
+        for key in candidates:
+            if _resident(self._of[key][0]):
                 with self._lock:
-                    mine = [p for p in self._pieces if p.digest == digest]
-                    others = [p for p in self._pieces if p.digest != digest]
+                    mine = [p for p in self._pieces if p.key == key]
+                    others = [p for p in self._pieces if p.key != key]
                     self._pieces = collections.deque(mine + others)
-                self.followed.append(digest)
-                return digest
+                self.followed.append(key)
+                return key
         return None
 
-    def waiting(self) -> list[str]:
+    def waiting(self) -> list[Hashable]:
         """The buffers of the pieces not started, in the order they will be (one entry per
         piece)."""
         with self._lock:
-            return [piece.digest for piece in self._pieces]
+            return [piece.key for piece in self._pieces]
 
-    def wait(self, digest: str) -> None:
-        """Return once every piece of buffer ``digest`` is in (or was tried)."""
-        for piece in self._of.get(digest, ()):
+    def wait(self, key: Hashable, upto: int | None = None) -> None:
+        """Return once every piece of buffer ``key`` is in (or was tried); with ``upto``,
+        once its first ``upto`` bytes are."""
+        mine = self._of.get(key, [])
+        for piece in mine if upto is None else mine[: -(-upto // PREFETCH_CHUNK)]:
             piece.done.wait()
 
     def cancel(self) -> None:

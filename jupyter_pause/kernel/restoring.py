@@ -112,7 +112,8 @@ class Restoring:
     ) -> RestoreResult:
         verified: set[str] = set()
         bytes_read = 0
-        mapped: dict[str, MappedBuffer] = {}  # lazy buffers handed out, in that order
+        handed_out: list[MappedBuffer] = []  # lazy buffers handed out, in that order
+        mapped: dict[str, MappedBuffer] = {}  # those of them that are no copy, by digest
         loading = ""  # the variable being loaded: who a mapped buffer's users are
 
         def location_of(digest: str) -> dict[str, Any]:
@@ -129,15 +130,17 @@ class Restoring:
             if digest in lazy:  # its map, now; its bytes come in and are checked after ready
                 # A copy is a map of its own (private pages of the same file), loaded, checked
                 # and taken back on its own.
-                key = digest if copy_of is None else f"{digest} {len(mapped)}"
-                handed = mapped.get(key)
+                handed = mapped.get(digest) if copy_of is None else None
                 if handed is None:
-                    handed = mapped[key] = MappedBuffer(
+                    handed = MappedBuffer(
                         digest,
                         source.map_now(digest, own=copy_of is not None),
                         self.store.open_buffer_as_written(location),
                         location["file"],
                     )
+                    handed_out.append(handed)
+                    if copy_of is None:
+                        mapped[digest] = handed
                 handed.users.add(loading)
                 return handed.view
             if copy_of is not None:  # read and checked already, as that storage's
@@ -216,7 +219,7 @@ class Restoring:
         if names is None and self.tracker is not None:
             self.tracker.carry_order(recent)
         loading_bytes = self._start_lazy_load(
-            _recent_first(list(mapped.values()), recent), values, checkpoint_id
+            _recent_first(handed_out, recent), values, checkpoint_id
         )
         not_saved = {} if names else dict(manifest["skipped"])
         if not same_process:  # made elsewhere, or before an upgrade: say what differs

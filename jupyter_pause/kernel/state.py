@@ -29,9 +29,16 @@ import pickle
 import types
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from .arrays import Rebuilder
+
+
+class ReadBuffer(Protocol):
+    """A buffer's bytes by digest; with ``copy_of`` (the bytes of an equal storage restored
+    already), in memory of their own."""
+
+    def __call__(self, digest: str, copy_of: memoryview | None = None) -> memoryview: ...
 
 
 class ObjectKeys:
@@ -223,14 +230,12 @@ class StateLoader:
     def __init__(
         self,
         manifest: dict[str, Any],
-        read_buffer: Callable[..., memoryview],
+        read_buffer: ReadBuffer,
         keys: ObjectKeys,
         namespace: dict[str, Any],
         read_to_device: Callable[[str, str], Any] | None = None,
     ) -> None:
         self.manifest = manifest
-        # (digest, copy_of=None) -> bytes; with ``copy_of`` (the bytes of an equal storage
-        # restored already), memory of their own
         self._read_buffer = read_buffer
         # (digest, device) -> a torch storage on that device, or None where it is not streamed
         self._read_to_device = read_to_device
