@@ -66,6 +66,17 @@ def _resident(piece: _Piece) -> bool:
     return page_in_memory(piece.probed_page())
 
 
+def _pages_in(piece: _Piece) -> tuple[int, int]:
+    """(pages of a piece in memory, its pages): one ``mincore`` over it."""
+    start = piece.address - piece.address % mmap.PAGESIZE
+    pages = -(-(piece.address + piece.length - start) // mmap.PAGESIZE)
+    residency = (ctypes.c_ubyte * pages)()
+    if LIBC_MINCORE(start, pages * mmap.PAGESIZE, residency) != 0:
+        return 0, pages
+    # Bit 0 says resident; the others are reserved.
+    return pages - bytes(residency).translate(RESIDENT_BIT).count(0), pages
+
+
 class Prefetch:
     """Bring the buffers of a whole restore into memory, in the order it needs them, on
     worker threads.
@@ -84,8 +95,11 @@ class Prefetch:
     of a page 1 MiB in). In memory although no worker fetched it means the notebook's own
     faults are reading that buffer. The workers then start nothing new while it does (its
     faults' own read-ahead reads one stream faster than workers beside it would: measured in
-    bench/README.md), and go on once no new piece of it came in for ``FOLLOW_QUIET``, with
-    that buffer's pieces first. Only buffers no worker has started are looked at: the
+    bench/README.md), and go on once every page of it is in, or no new page of it came in for
+    ``FOLLOW_QUIET``, with that buffer's pieces first. (How far the notebook came is counted
+    in pages, not probes: the kernel's read-ahead brings a probed page in well before the
+    notebook's reads reach it, and ending the step-aside then let the workers compete with
+    the rest of the notebook's read: measured.) Only buffers no worker has started are looked at: the
     read-ahead of a fetched piece can reach into the next. (Pieces of 8 MiB would step aside
     sooner, but load 8 GB at half the speed: measured.) ``hold``: the workers start only after
     this long (seconds), or once the notebook stops reading if it reads meanwhile: a cell run
@@ -172,6 +186,7 @@ class Prefetch:
     def _follow(self, hold: float) -> None:
         reading: Hashable | None = None  # the buffer the notebook reads on its own
         came_in, changed = 0, 0.0
+        whole = 0  # pieces of it read to their last page (those stay in memory)
         held_until = time.monotonic() + hold
         try:
             while not self._ended.wait(FOLLOW_EVERY):
@@ -181,22 +196,31 @@ class Prefetch:
                     if reading is not None:
                         self.stepped_aside_for = reading
                         self._go.clear()
-                        came_in, changed = self._pieces_in(reading), now
+                        came_in, changed, whole = 0, now, 0
                     elif now >= held_until:
                         self._go.set()
                     continue
-                now_in = self._pieces_in(reading)
+                whole, now_in = self._read_so_far(reading, whole)
                 if now_in > came_in:
                     came_in, changed = now_in, now
-                elif now_in == len(self._of[reading]) or now - changed > FOLLOW_QUIET:
+                if whole == len(self._of[reading]) or now - changed > FOLLOW_QUIET:
                     reading = self.stepped_aside_for = None
         finally:
             self.stepped_aside_for = None
             self._go.set()
 
-    def _pieces_in(self, key: Hashable) -> int:
-        """How many pieces of a buffer show in memory (by their probed page)."""
-        return sum(1 for piece in self._of[key] if _resident(piece))
+    def _read_so_far(self, key: Hashable, whole: int) -> tuple[int, int]:
+        """How far the notebook's reads of a buffer came: (pieces in whole, pages in), given
+        ``whole`` pieces known to be in already. One ``mincore`` per piece newly in, and one
+        over the piece being read."""
+        pieces, pages = self._of[key], 0
+        while whole < len(pieces):
+            found, of = _pages_in(pieces[whole])
+            if found < of:
+                pages = found
+                break
+            whole += 1
+        return whole, whole * (PREFETCH_CHUNK // mmap.PAGESIZE) + pages
 
     def follow_once(self) -> Hashable | None:
         """Put first the buffer the notebook is reading, if it reads one not started yet (see
