@@ -5,6 +5,7 @@ are loaded and checked behind the notebook."""
 from __future__ import annotations
 
 import json
+import mmap
 import pickle
 from pathlib import Path
 
@@ -411,7 +412,6 @@ async def test_status_says_how_much_disk_deleted_checkpoints_hold_while_mapped(
 
 def cold_maps(tmp_path: Path, names: str, size: int) -> list:
     """Copy-on-write maps of new data files on the disk, none of their pages in memory."""
-    import mmap
     import os
 
     maps = []
@@ -429,8 +429,6 @@ def cold_maps(tmp_path: Path, names: str, size: int) -> list:
 
 def read_like_a_cell(mapped, nbytes: int) -> None:
     """What a cell summing the array does to the pages: faults them in, in order."""
-    import mmap
-
     pages = np.frombuffer(mapped, dtype=np.uint8)[: nbytes : mmap.PAGESIZE]
     try:
         assert int(pages.sum()) == int(pages[0]) * len(pages)
@@ -535,3 +533,49 @@ def test_the_load_steps_aside_while_the_notebook_reads_and_stops_at_once_even_th
         prefetch.join()
         for m in maps:
             m.close()
+
+
+def test_reading_a_buffer_to_its_end_is_not_taken_for_reading_the_next_one(
+    tmp_path: Path,
+) -> None:
+    import ctypes
+
+    from jupyter_pause.kernel import page_cache
+
+    # Given a load of c, then a and b, where a and b lie one after the other in one cold file
+    # (small arrays share a pack file), and no worker started
+    [pack] = cold_maps(tmp_path, "p", 2 * page_cache.PREFETCH_CHUNK)
+    [other] = cold_maps(tmp_path, "c", page_cache.PREFETCH_CHUNK)
+    anchors = [ctypes.c_char.from_buffer(pack), ctypes.c_char.from_buffer(other)]
+    start = ctypes.addressof(anchors[0])
+    chunk = page_cache.PREFETCH_CHUNK
+    buffers = [("c", ctypes.addressof(anchors[1]), chunk), ("a", start, chunk)]
+    buffers.append(("b", start + chunk, chunk))
+    if any(page_cache.page_in_memory(address) for _n, address, _l in buffers):
+        pytest.skip("this filesystem keeps the files in memory (tmpfs)")
+    prefetch = page_cache.Prefetch(buffers, anchors, threads=0)
+    try:
+        # When the notebook reads all of a
+        read_like_a_cell(pack, chunk)
+        # Then the load follows a, and the read-ahead past a's end does not pass for b's reads
+        assert prefetch.follow_once() == "a"
+        probe = start + chunk + page_cache.FOLLOW_PROBE_AT
+        if not page_cache.page_in_memory(probe - probe % mmap.PAGESIZE):
+            pytest.skip("the read-ahead here does not reach 1 MiB into the next buffer")
+        assert prefetch.follow_once() is None
+        # When the notebook then reads b itself, past that read-ahead
+        pages = np.frombuffer(pack, dtype=np.uint8)
+        try:
+            reach = chunk + page_cache.READ_AHEAD_REACH + (1 << 20)
+            assert int(pages[chunk : reach : mmap.PAGESIZE].sum()) == ord("p") * len(
+                range(chunk, reach, mmap.PAGESIZE)
+            )
+        finally:
+            del pages
+        # Then the load follows b
+        assert prefetch.follow_once() == "b"
+    finally:
+        prefetch.cancel()
+        prefetch.join()
+        pack.close()
+        other.close()

@@ -32,8 +32,8 @@ from .page_cache import LIBC, PREFETCH_CHUNK, Prefetch
 #: Buffers at least this large are mapped and loaded after ready; smaller ones are read
 #: (and checked) before, as in an eager restore: mapping a small buffer saves nothing.
 LAZY_AT_LEAST = 1 << 20
-#: The load starts this long after ready (seconds), or once the notebook stops reading if it
-#: reads meanwhile: a cell run at once reads alone, a moment later nothing is held back.
+#: The load starts this long after ready (seconds), or as soon as a cell run at once has read
+#: what it reads: that cell reads alone, and nothing is held back after it.
 LOAD_AFTER = 0.05
 #: How often progress is told (seconds): a chip that counts is enough.
 PROGRESS_EVERY = 0.5

@@ -38,6 +38,10 @@ PREFETCH_THREADS = max(1, min(4, os.cpu_count() or 1))
 #: and where in a piece.
 FOLLOW_EVERY = 0.003
 FOLLOW_PROBE_AT = 1 << 20
+#: How far past the end of what was read the kernel's read-ahead may reach (a device's
+#: ``read_ahead_kb``, 8 MiB on this project's VMs, doubled): a buffer right after another
+#: of the same file that was read to its end shows pages in that far without being read.
+READ_AHEAD_REACH = 16 << 20
 #: The notebook stopped reading a buffer once no new piece of it came in for this long.
 FOLLOW_QUIET = 0.02
 
@@ -64,6 +68,18 @@ def page_in_memory(address: int) -> bool:
 def _resident(piece: _Piece) -> bool:
     """Whether the page a piece is probed at is in memory."""
     return page_in_memory(piece.probed_page())
+
+
+def _read_by_itself(piece: _Piece) -> bool:
+    """Whether the first piece of a buffer shows reads of its own: its probed page is in,
+    or, when the memory just before the buffer is in too (the end of another buffer of the
+    same file, read), a page past the read-ahead those reads brought into this one. A piece
+    too short to look past that never shows."""
+    before = piece.address - piece.address % mmap.PAGESIZE - mmap.PAGESIZE
+    if not page_in_memory(before):
+        return _resident(piece)
+    at = piece.address + READ_AHEAD_REACH
+    return at < piece.address + piece.length and page_in_memory(at - at % mmap.PAGESIZE)
 
 
 def _pages_in(piece: _Piece) -> tuple[int, int]:
@@ -99,11 +115,13 @@ class Prefetch:
     ``FOLLOW_QUIET``, with that buffer's pieces first. (How far the notebook came is counted
     in pages, not probes: the kernel's read-ahead brings a probed page in well before the
     notebook's reads reach it, and ending the step-aside then let the workers compete with
-    the rest of the notebook's read: measured.) Only buffers no worker has started are looked at: the
+    the rest of the notebook's read: measured.) A buffer right after one of the same file that
+    was read to its end is looked at past ``READ_AHEAD_REACH``, where that read's read-ahead
+    cannot have reached. Only buffers no worker has started are looked at: the
     read-ahead of a fetched piece can reach into the next. (Pieces of 8 MiB would step aside
     sooner, but load 8 GB at half the speed: measured.) ``hold``: the workers start only after
-    this long (seconds), or once the notebook stops reading if it reads meanwhile: a cell run
-    at once finds the disk its own.
+    this long (seconds), or as soon as the notebook's first reads end if they begin meanwhile:
+    a cell run at once finds the disk its own, and nothing waits after it.
     """
 
     def __init__(
@@ -205,6 +223,7 @@ class Prefetch:
                     came_in, changed = now_in, now
                 if whole == len(self._of[reading]) or now - changed > FOLLOW_QUIET:
                     reading = self.stepped_aside_for = None
+                    held_until = now  # the cell run at once had the disk: no need to hold on
         finally:
             self.stepped_aside_for = None
             self._go.set()
@@ -241,7 +260,7 @@ class Prefetch:
                 and key != self._pieces[0].key  # first already
             ]
         for key in candidates:
-            if _resident(self._of[key][0]):
+            if _read_by_itself(self._of[key][0]):
                 with self._lock:
                     mine = [p for p in self._pieces if p.key == key]
                     others = [p for p in self._pieces if p.key != key]
