@@ -144,7 +144,7 @@ class LazyLoad:
                 for start in range(0, buffer.view.nbytes, PREFETCH_CHUNK):
                     end = min(start + PREFETCH_CHUNK, buffer.view.nbytes)
                     if self._prefetch is not None:
-                        self._prefetch.wait(key, upto=end)
+                        self._prefetch.wait(key, at=start)
                     if self._stop.is_set():
                         return
                     if check is not None and not _hash_into(check, buffer.view[start:end]):
@@ -176,11 +176,11 @@ class LazyLoad:
             )
             self._on_end(self.outcome)
 
-    def _intact(self, buffer: MappedBuffer, notebooks: Any) -> bool:
-        """Whether a buffer holds what was saved: ``notebooks``, the hash of the notebook's
-        map, says so at once; else the file's bytes as written decide (the notebook may have
-        written to its own pages already)."""
-        if notebooks is not None and notebooks.hexdigest() == buffer.digest:
+    def _intact(self, buffer: MappedBuffer, notebook_map_hash: Any) -> bool:
+        """Whether a buffer holds what was saved: the hash of the notebook's map (None when
+        it could not be read) says so at once; else the file's bytes as written decide (the
+        notebook may have written to its own pages already)."""
+        if notebook_map_hash is not None and notebook_map_hash.hexdigest() == buffer.digest:
             return True
         check = content_hasher()
         return _hash_into(check, buffer.written) and check.hexdigest() == buffer.digest

@@ -59,10 +59,21 @@ class _Piece:
         return at - at % mmap.PAGESIZE
 
 
+def pages_in_memory(address: int, length: int) -> tuple[int, int]:
+    """(pages in memory, pages) of the memory ``[address, address + length)``, widened to
+    whole pages: one ``mincore`` (none in memory when it fails: an address not mapped)."""
+    start = address - address % mmap.PAGESIZE
+    pages = -(-(address + length - start) // mmap.PAGESIZE)
+    residency = (ctypes.c_ubyte * pages)()
+    if LIBC_MINCORE(start, pages * mmap.PAGESIZE, residency) != 0:
+        return 0, pages
+    # Bit 0 says resident; the others are reserved.
+    return pages - bytes(residency).translate(RESIDENT_BIT).count(0), pages
+
+
 def page_in_memory(address: int) -> bool:
-    """Whether the page at ``address`` (page-aligned) is in memory (``mincore``)."""
-    found = ctypes.c_ubyte()
-    return LIBC_MINCORE(address, 1, ctypes.byref(found)) == 0 and bool(found.value & 1)
+    """Whether the page holding ``address`` is in memory."""
+    return pages_in_memory(address, 1)[0] == 1
 
 
 def _resident(piece: _Piece) -> bool:
@@ -79,18 +90,7 @@ def _read_by_itself(piece: _Piece) -> bool:
     if not page_in_memory(before):
         return _resident(piece)
     at = piece.address + READ_AHEAD_REACH
-    return at < piece.address + piece.length and page_in_memory(at - at % mmap.PAGESIZE)
-
-
-def _pages_in(piece: _Piece) -> tuple[int, int]:
-    """(pages of a piece in memory, its pages): one ``mincore`` over it."""
-    start = piece.address - piece.address % mmap.PAGESIZE
-    pages = -(-(piece.address + piece.length - start) // mmap.PAGESIZE)
-    residency = (ctypes.c_ubyte * pages)()
-    if LIBC_MINCORE(start, pages * mmap.PAGESIZE, residency) != 0:
-        return 0, pages
-    # Bit 0 says resident; the others are reserved.
-    return pages - bytes(residency).translate(RESIDENT_BIT).count(0), pages
+    return at < piece.address + piece.length and page_in_memory(at)
 
 
 class Prefetch:
@@ -234,7 +234,7 @@ class Prefetch:
         over the piece being read."""
         pieces, pages = self._of[key], 0
         while whole < len(pieces):
-            found, of = _pages_in(pieces[whole])
+            found, of = pages_in_memory(pieces[whole].address, pieces[whole].length)
             if found < of:
                 pages = found
                 break
@@ -275,11 +275,15 @@ class Prefetch:
         with self._lock:
             return [piece.key for piece in self._pieces]
 
-    def wait(self, key: Hashable, upto: int | None = None) -> None:
-        """Return once every piece of buffer ``key`` is in (or was tried); with ``upto``,
-        once its first ``upto`` bytes are."""
-        mine = self._of.get(key, [])
-        for piece in mine if upto is None else mine[: -(-upto // PREFETCH_CHUNK)]:
+    def wait(self, key: Hashable, at: int | None = None) -> None:
+        """Return once every piece of buffer ``key`` is in (or was tried); with ``at``, once
+        the piece holding its byte ``at`` is (a reader going through the buffer in order
+        waits for each piece once)."""
+        pieces = self._of.get(key, [])
+        if at is not None:
+            index = at // PREFETCH_CHUNK
+            pieces = pieces[index : index + 1]
+        for piece in pieces:
             piece.done.wait()
 
     def cancel(self) -> None:

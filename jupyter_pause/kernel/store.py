@@ -54,7 +54,7 @@ from .manifests import (
     manifest_variables,
     shrinks,
 )
-from .page_cache import LIBC_MINCORE, RESIDENT_BIT, Prefetch, map_address
+from .page_cache import LIBC_MINCORE, Prefetch, map_address, pages_in_memory
 from .reading import open_for_reading
 from .retention import Retention
 
@@ -481,12 +481,10 @@ class NotebookStore(Retention):
             return False
         if not isinstance(mapped, mmap.mmap):
             return True  # an empty file: nothing to read
-        pages = -(-len(mapped) // mmap.PAGESIZE)
-        residency = (ctypes.c_ubyte * pages)()
-        if LIBC_MINCORE is None or LIBC_MINCORE(map_address(mapped), len(mapped), residency):
+        if LIBC_MINCORE is None:
             return False
-        # Bit 0 says resident; the others are reserved.
-        return bytes(residency).translate(RESIDENT_BIT).count(0) == 0
+        found, pages = pages_in_memory(map_address(mapped), len(mapped))
+        return found == pages
 
     def forget_map(self, name: str) -> None:
         """Drop our map of a file that will be read instead (nothing built on it yet)."""
